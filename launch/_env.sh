@@ -1,0 +1,35 @@
+# Shared by launch/quickstart.sh and tests/run.sh: find Python >= 3.12 and make sure .venv
+# matches requirements.txt. Sourced, not executed.
+#
+# The venv is (re)built when it is missing or when requirements.txt changed since it was built
+# (tracked by a hash stamp written last, so an interrupted install is redone, never half-used).
+
+find_python312() {
+  local c
+  for c in "${PYTHON:-}" python3.12 python3 $(ls -d "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null) \
+           /usr/bin/python3.12 /usr/local/bin/python3.12; do
+    [ -n "$c" ] || continue
+    command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || continue
+    if "$c" -c 'import sys, venv; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1; then
+      echo "$c"; return 0
+    fi
+  done
+  return 1
+}
+
+ensure_venv() {
+  local root stamp want py
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  stamp="$root/.venv/.requirements.sha256"
+  want="$(sha256sum "$root/requirements.txt" | cut -d' ' -f1)"
+  if [ -x "$root/.venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  py="$(find_python312)" || { echo "error: Python >= 3.12 not found (tried python3.12, python3, ~/.pyenv/versions/3.12*); set PYTHON=/path/to/python3.12" >&2; return 1; }
+  echo "[env] building .venv with $py from requirements.txt (first run downloads torch, a few minutes)" >&2
+  rm -rf "$root/.venv"
+  "$py" -m venv "$root/.venv" || return 1
+  "$root/.venv/bin/python" -m pip install -q --upgrade pip || return 1
+  "$root/.venv/bin/python" -m pip install -q -r "$root/requirements.txt" || { echo "error: pip install -r requirements.txt failed" >&2; return 1; }
+  echo "$want" > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
+}

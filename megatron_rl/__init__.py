@@ -1,0 +1,1 @@
+"""RL trainer for kernel-writing LLMs: Megatron actor, rollout engines, algorithms, Ray driver."""

@@ -1,0 +1,58 @@
+"""Instantiate this rank's model chunk(s) for an HF config under the current parallel state."""
+from __future__ import annotations
+
+import torch
+
+from .spec import BuildOptions, ParallelSizes, spec_for
+
+
+def te_available() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def build_model(hf_config, par: ParallelSizes, opt: BuildOptions | None = None, *, wrap_ddp: bool = False):
+    """Returns the list of GPTModel chunks this rank owns (one per virtual PP stage).
+
+    `megatron_rl.parallel.init_parallel` must have run with the same (tp, pp).
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    opt = opt or BuildOptions()
+    spec = spec_for(hf_config)
+    spec.validate(hf_config, par)
+    if ps.get_tensor_model_parallel_world_size() != par.tp or ps.get_pipeline_model_parallel_world_size() != par.pp:
+        raise RuntimeError(
+            f"parallel state is tp={ps.get_tensor_model_parallel_world_size()} "
+            f"pp={ps.get_pipeline_model_parallel_world_size()}, model asked for tp={par.tp} pp={par.pp}"
+        )
+    use_te = te_available() if opt.use_te is None else opt.use_te
+    if not torch.cuda.is_available():
+        opt = BuildOptions(**{**opt.__dict__, "use_cpu_initialization": True})
+    config = spec.transformer_config(hf_config, par, opt)
+    layer_spec = spec.layer_spec(config, use_te)
+    kwargs = spec.gpt_model_kwargs(hf_config, par, opt)
+
+    vpp = par.vpp or 1
+    chunks = []
+    for vp_stage in range(vpp):
+        pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+        post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            pre_process=pre,
+            post_process=post,
+            vp_stage=vp_stage if par.vpp else None,
+            **kwargs,
+        )
+        if torch.cuda.is_available():
+            model.cuda(torch.cuda.current_device())
+        chunks.append(model)
+    return chunks
