@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
-# README command one: build .venv if needed, then run the main job on this machine.
-# Extra arguments are passed through as config overrides (key=value) to the trainer.
+# README command one: build .venv if needed, then run the main job (RL training) on this machine.
+# Extra arguments go to the trainer: config overrides (key=value), --model HF_DIR, --resume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/_env.sh
 ensure_venv
-export PYTHONUNBUFFERED=1
-if [ -f megatron_rl/train.py ]; then
-  exec .venv/bin/python -m megatron_rl.train --config configs/quickstart.yaml "$@"
-fi
-# Until the RL trainer lands: verify the bundled tasks' reference-as-candidate on this machine.
-exec .venv/bin/python -m verifier eval --tasks verifier/tasks --self-check --out runs/quickstart/verify.jsonl "$@"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+exec .venv/bin/python -m megatron_rl.train --config configs/quickstart.yaml "$@"

@@ -25,6 +25,11 @@ class _CudaToCpuMode(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            # ``tensor.cuda()`` -> the tensor itself (M1, bridge/checkpoints): e.g. GPTModel with
+            # tied embeddings and PP>1 moves the last stage's embedding copy with ``.data.cuda()``
+            # before all-reducing it over the embedding group.
+            return args[0]
         dev = kwargs.get("device")
         if dev is not None and _is_cuda(dev):
             kwargs = dict(kwargs, device="cpu")
@@ -67,6 +72,70 @@ class _NullStream:
         pass
 
 
+_CPU_TO_CUDA_TYPE = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+@contextlib.contextmanager
+def _cuda_tensor_type_names():
+    """Makes ``tensor.type()`` (no arguments) report CPU float tensors under their CUDA names.
+
+    megatron-core's optimizers sort params by comparing ``param.type()`` with
+    ``'torch.cuda.FloatTensor'`` etc. (DistributedOptimizer / Float16Optimizer param-group
+    building, the fp32 check in ``clip_grad_by_total_norm_fp32``). Only active inside the wrapped
+    megatron calls, so no other code ever sees the renamed types.
+    """
+    original = torch.Tensor.type
+
+    def _type(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = original(self)
+            return _CPU_TO_CUDA_TYPE.get(name, name)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = _type
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
+def _with_cuda_tensor_type_names(fn):
+    def wrapper(*args, **kwargs):
+        with _cuda_tensor_type_names():
+            return fn(*args, **kwargs)
+
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def _patch_optimizer_type_checks() -> None:
+    """DDP + distributed optimizer on CPU: see `_cuda_tensor_type_names` (M2, actor)."""
+    from megatron.core.optimizer import distrib_optimizer, optimizer
+
+    distrib_optimizer.DistributedOptimizer.__init__ = _with_cuda_tensor_type_names(
+        distrib_optimizer.DistributedOptimizer.__init__)
+    optimizer.Float16OptimizerWithFloat16Params.__init__ = _with_cuda_tensor_type_names(
+        optimizer.Float16OptimizerWithFloat16Params.__init__)
+    # optimizer.py calls the name it imported from clip_grads.
+    optimizer.clip_grad_by_total_norm_fp32 = _with_cuda_tensor_type_names(
+        optimizer.clip_grad_by_total_norm_fp32)
+
+
+
+def _patch_recompute_rng() -> None:
+    """Activation recomputation on CPU (M2, actor): megatron's checkpoint functions save and
+    restore the CUDA RNG state around the recomputed forward; with no CUDA generator there is
+    nothing to save (dropout is 0 in every CPU config), so the CUDA half becomes a no-op."""
+    from megatron.core.tensor_parallel import random as mpu_random
+
+    mpu_random._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
+    mpu_random._set_cuda_rng_state = lambda *a, **k: None
+
+
 def is_cpu_mode() -> bool:
     return _applied
 
@@ -89,6 +158,8 @@ def apply() -> bool:
         from megatron.core.tensor_parallel import random as mpu_random
 
         mpu_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+        _patch_optimizer_type_checks()
+        _patch_recompute_rng()
 
         mode = _CudaToCpuMode()
         mode.__enter__()  # stays on this thread's mode stack for the life of the process

@@ -17,11 +17,14 @@ class SamplingParams:
     max_new_tokens: int = 512
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     seed: int | None = None
+    min_p: float = 0.0
+    ignore_eos: bool = False  # SGLang stops at the model's EOS ids unless this is set
 
     def to_sglang(self) -> dict[str, Any]:
         d = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "max_new_tokens": self.max_new_tokens, "stop_token_ids": list(self.stop_token_ids),
+            "min_p": self.min_p, "ignore_eos": self.ignore_eos,
             "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False,
         }
         if self.seed is not None:

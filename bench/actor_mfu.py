@@ -1,0 +1,257 @@
+"""Training throughput / MFU of the Megatron actor on one GPU (Qwen3-8B-shaped layers, bf16).
+
+    python bench/actor_mfu.py [--layers 12] [--seq 4096] [--seqs 8] [--steps 2] [--only NAME,...]
+                              [--max-fit-layers 26] [--out bench/results/actor_mfu.json]
+
+Each configuration of the sweep runs `MegatronActor.train_step` (SFT loss, distributed Adam,
+random weights and tokens) in a fresh process, so an out-of-memory configuration cannot disturb
+the next one. Prints one JSON object (and writes it to --out).
+
+FLOPs per step (model FLOPs; recomputation is not counted):
+    6 * N * tokens + sum_over_sequences 6 * L * s^2 * n_heads * head_dim
+with N = L * (h*(n_heads + 2*n_kv)*head_dim + n_heads*head_dim*h + 3*h*ffn) + V*h (decoder
+matmuls + output projection; the embedding lookup does no matmul) and the attention term for
+causal attention (QK^T and PV: 2*s^2*n_heads*head_dim forward, x3 with backward).
+MFU = achieved TFLOP/s / 790 (the bf16 matmul rate measured on this H200).
+Runs as plain processes (no Ray); each child initialises a 1-rank process group itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PEAK_TFLOPS = 790.0
+
+# name -> overrides of the base configuration (see `base_case`)
+SWEEP = {
+    "sdpa_mb1": {},
+    "local_attention_mb1": {"attention_backend": "local"},
+    "sdpa_pack2": {"max_tokens_per_gpu": 2},            # in units of --seq: 2 sequences per micro-batch
+    "sdpa_pack4": {"max_tokens_per_gpu": 4},
+    "sdpa_recompute_selective": {"recompute_granularity": "selective"},
+    "sdpa_recompute_full": {"recompute_granularity": "full"},
+    "sdpa_bias_swiglu_fusion": {"megatron": {"bias_activation_fusion": True}},
+    "sdpa_bf16_grads": {"grad_reduce_in_fp32": False},
+}
+# Fusions that need a kernel library the GPU machine lacks; probed without starting a child.
+NEEDS = {
+    "apply_rope_fusion": ("transformer_engine", "TransformerEngine >= 1.4"),
+    "gradient_accumulation_fusion": ("fused_weight_gradient_mlp_cuda", "apex / TE fused wgrad kernel"),
+    "masked_softmax_fusion": ("scaled_upper_triang_masked_softmax_cuda", "megatron fused softmax extension"),
+}
+
+
+def qwen3_8b_config(layers: int, tiny: bool = False):
+    from transformers import Qwen3Config
+
+    if tiny:  # CPU smoke test of this script
+        return Qwen3Config(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                           max_position_embeddings=8192, rms_norm_eps=1e-6)
+    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+                       max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                       rms_norm_eps=1e-6)
+
+
+def matmul_params(cfg) -> int:
+    h, nh, ng, hd, f = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, \
+        cfg.intermediate_size
+    per_layer = h * (nh + 2 * ng) * hd + nh * hd * h + 3 * h * f
+    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * h
+
+
+def step_flops(cfg, seq_lens) -> float:
+    dense = 6.0 * matmul_params(cfg) * sum(seq_lens)
+    attn = sum(6.0 * cfg.num_hidden_layers * s * s * cfg.num_attention_heads * cfg.head_dim for s in seq_lens)
+    return dense + attn
+
+
+def random_samples(n: int, seq: int, vocab: int, seed: int = 0):
+    import torch
+
+    from megatron_rl.types import TrainSample
+
+    g = torch.Generator().manual_seed(seed)
+    return [TrainSample(torch.randint(0, vocab, (seq,), generator=g).tolist(), [0] + [1] * (seq - 1))
+            for _ in range(n)]
+
+
+def init_single_rank():
+    from megatron_rl.parallel import free_port, init_parallel
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    init_parallel(1, 1)
+
+
+def build_actor(case: dict, hf):
+    from megatron_rl.actor import ActorConfig, MegatronActor
+
+    keys = {"attention_backend", "max_tokens_per_gpu", "recompute_granularity", "megatron",
+            "grad_reduce_in_fp32", "logprob_chunk_size"}
+    kwargs = {k: v for k, v in case.items() if k in keys}
+    kwargs["max_tokens_per_gpu"] = case.get("max_tokens_per_gpu", 1) * case["seq"]
+    cfg = ActorConfig(params_dtype="bfloat16", lr=1e-5, clip_grad=1.0, **kwargs)
+    return MegatronActor(cfg, hf)
+
+
+def run_case(case: dict) -> dict:
+    """Child process: build the actor, time train steps, return the measurements."""
+    import torch
+
+    from megatron_rl.actor import SFTLoss
+
+    init_single_rank()
+    hf = qwen3_8b_config(case["layers"], tiny=case.get("tiny", False))
+    cuda = torch.cuda.is_available()
+    t0 = time.perf_counter()
+    actor = build_actor(case, hf)
+    build_s = time.perf_counter() - t0
+    samples = random_samples(case["seqs"], case["seq"], hf.vocab_size)
+    loss = SFTLoss()
+    for _ in range(case["warmup"]):
+        actor.train_step(samples, loss)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    metrics = None
+    for _ in range(case["steps"]):
+        metrics = actor.train_step(samples, loss)
+    if cuda:
+        torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / case["steps"]
+    tokens = case["seqs"] * case["seq"]
+    flops = step_flops(hf, [case["seq"]] * case["seqs"])
+    tflops = flops / dt / 1e12
+    return {
+        "ok": True,
+        "attention_backend": actor.attention_backend,
+        "params_billion": round(sum(p.numel() for c in actor.model for p in c.parameters()) / 1e9, 3),
+        "matmul_params_billion": round(matmul_params(hf) / 1e9, 3),
+        "build_s": round(build_s, 1),
+        "step_s": round(dt, 3),
+        "tokens_per_step": tokens,
+        "tokens_per_s": round(tokens / dt, 1),
+        "tflops": round(tflops, 1),
+        "mfu": round(tflops / PEAK_TFLOPS, 4),
+        "micro_batches": int(metrics["num_micro_batches"]),
+        "loss": round(metrics["loss"], 4),
+        "grad_norm": round(metrics["grad_norm"], 4),
+        "skipped": metrics["skipped"],
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
+    }
+
+
+def probe_fusion(module: str) -> str | None:
+    """None when the kernel module imports, else why not."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def spawn_case(case: dict, timeout: int) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(case)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            out = json.loads(line[len("RESULT "):])
+            out["wall_s"] = round(time.perf_counter() - t0, 1)
+            return out
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+    oom = any("OutOfMemory" in l or "out of memory" in l for l in tail)
+    return {"ok": False, "error": "out of memory" if oom else " | ".join(tail)[-800:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=12, help="layers for the option sweep")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--seqs", type=int, default=8, help="sequences per optimizer step")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--only", default=None, help="comma-separated sweep names")
+    ap.add_argument("--max-fit-layers", default="26", help="comma-separated layer counts to try with full "
+                    "recompute and bf16 grads; the largest that runs is reported ('' to skip)")
+    ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")
+    ap.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke test of the script)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "actor_mfu.json"))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        result = run_case(json.loads(args.child))
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+
+    import torch
+
+    base = {"layers": args.layers, "seq": args.seq, "seqs": args.seqs, "steps": args.steps,
+            "warmup": args.warmup, "tiny": args.tiny, "attention_backend": "sdpa"}
+    names = args.only.split(",") if args.only else list(SWEEP)
+    report = {
+        "model": "Qwen3-8B-shaped (hidden 4096, 32/8 heads x 128, ffn 12288, vocab 151936), bf16, local spec",
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "peak_tflops": PEAK_TFLOPS,
+        "flops_formula": "6*N*tokens + 6*L*s^2*n_heads*head_dim per sequence (causal attention, fwd+bwd); "
+                         "N = decoder matmul params + output projection",
+        "seq": args.seq, "seqs_per_step": args.seqs, "sweep_layers": args.layers,
+        "sweep": {}, "fusions_unavailable": {}, "max_fit": None,
+    }
+    for name in names:
+        case = {**base, **SWEEP[name]}
+        if "megatron" in SWEEP[name]:
+            case["megatron"] = dict(SWEEP[name]["megatron"])
+        res = spawn_case(case, args.timeout)
+        res["overrides"] = SWEEP[name]
+        report["sweep"][name] = res
+        print(name, json.dumps(res), file=sys.stderr, flush=True)
+    for flag, (module, what) in NEEDS.items():
+        why = probe_fusion(module)
+        if why is not None:
+            report["fusions_unavailable"][flag] = f"needs {what} ({why})"
+    for layers in [int(x) for x in args.max_fit_layers.split(",") if x.strip()]:
+        case = {**base, "layers": layers, "recompute_granularity": "full", "grad_reduce_in_fp32": False}
+        res = spawn_case(case, args.timeout + 60)
+        res["layers"] = layers
+        print("max_fit", json.dumps(res), file=sys.stderr, flush=True)
+        if res.get("ok"):
+            report["max_fit"] = res
+            break
+        report.setdefault("max_fit_failed", []).append(res)
+    ok = [r for r in report["sweep"].values() if r.get("ok")]
+    if ok:
+        best = max(ok, key=lambda r: r["tflops"])
+        report["best_sweep"] = {k: best[k] for k in ("tokens_per_s", "tflops", "mfu", "overrides")}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

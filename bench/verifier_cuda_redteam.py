@@ -1,0 +1,254 @@
+"""CUDA red-team of the verifier core (run on a GPU machine; not part of CI).
+
+    python bench/verifier_cuda_redteam.py [--cases add,side_stream,...] [--cache DIR] [--out results.json]
+
+Each case is a model response (KernelBench format) checked by ``verifier.evaluate.verify`` on the cuda
+backend against a KernelBench-sized task. Prints one JSON object: per case the verdict (category, rule,
+q, speedup, timings), whether it matched the expected verdict, the isolation that was applied, and the
+feedback head. All CUDA cases share one extension library (one nvcc build, cached).
+
+Cases: correct kernels (CUDA add/relu/fused, Triton add) must pass with a finite speedup; a kernel on
+a side stream (cudaStreamPerThread, not synchronised) must be timed honestly (device-wide sync before the
+end event), so its speedup matches the same kernel on the current stream; stream creation is rejected
+statically; a lazy tensor subclass is rejected; returning ``torch::empty_like`` after being correct on
+the first calls (hoping to pick up the reference's freed output block while timed) must not pass;
+``at::relu`` inside CUDA C++ is a forbidden op; glue ops without a kernel of its own are cheating; a
+spinning kernel times out; an illegal memory access is a runtime error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TASKS = {
+    "add": ("a + b over 2^24 floats", "a, b", "a + b", "[torch.randn(1 << 24), torch.randn(1 << 24)]"),
+    "relu": ("relu of a 4096x4096 matrix", "x", "torch.relu(x)", "[torch.randn(4096, 4096)]"),
+    "fused": ("relu(a * b + c)", "a, b, c", "torch.relu(a * b + c)",
+              "[torch.randn(2048, 4096), torch.randn(2048, 4096), torch.randn(2048, 4096)]"),
+}
+
+TASK_TEMPLATE = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """{doc}"""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, {args}):
+        return {expr}
+
+
+def get_inputs():
+    return {inputs}
+
+
+def get_init_inputs():
+    return []
+'''
+
+CUDA_SRC = r'''
+#include <ATen/cuda/CUDAContext.h>
+
+__global__ void add_kernel(const float* a, const float* b, float* o, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) o[i] = a[i] + b[i];
+}
+__global__ void relu_kernel(const float* a, float* o, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) o[i] = a[i] > 0.f ? a[i] : 0.f;
+}
+__global__ void fused_kernel(const float* a, const float* b, const float* c, float* o, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) { float v = a[i] * b[i] + c[i]; o[i] = v > 0.f ? v : 0.f; }
+}
+__global__ void spin_kernel(volatile int* flag) { while (*flag == 0) { } }
+__global__ void oob_kernel(float* p) { p[1ll << 40] = 1.f; }
+
+static int blocks(int64_t n) { return (int)((n + 255) / 256); }
+
+torch::Tensor add(torch::Tensor a, torch::Tensor b) {
+  auto o = torch::empty_like(a);
+  add_kernel<<<blocks(a.numel()), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), o.data_ptr<float>(), a.numel());
+  return o;
+}
+torch::Tensor add_per_thread_stream(torch::Tensor a, torch::Tensor b) {
+  auto o = torch::empty_like(a);
+  add_kernel<<<blocks(a.numel()), 256, 0, cudaStreamPerThread>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), o.data_ptr<float>(), a.numel());
+  return o;  // no synchronisation: the work is still running on another stream
+}
+torch::Tensor relu(torch::Tensor a) {
+  auto o = torch::empty_like(a);
+  relu_kernel<<<blocks(a.numel()), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      a.data_ptr<float>(), o.data_ptr<float>(), a.numel());
+  return o;
+}
+torch::Tensor fused(torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+  auto o = torch::empty_like(a);
+  fused_kernel<<<blocks(a.numel()), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), o.data_ptr<float>(), a.numel());
+  return o;
+}
+torch::Tensor aten_relu(torch::Tensor a) { return at::relu(a); }
+torch::Tensor empty_out(torch::Tensor a) { return torch::empty_like(a); }
+torch::Tensor spin(torch::Tensor a) {
+  auto flag = torch::zeros({1}, a.options().dtype(torch::kInt32));
+  spin_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(flag.data_ptr<int>());
+  return torch::empty_like(a);
+}
+torch::Tensor oob(torch::Tensor a) {
+  oob_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(a.data_ptr<float>());
+  return torch::empty_like(a);
+}
+'''
+CPP_DECLS = '''
+torch::Tensor add(torch::Tensor a, torch::Tensor b);
+torch::Tensor add_per_thread_stream(torch::Tensor a, torch::Tensor b);
+torch::Tensor relu(torch::Tensor a);
+torch::Tensor fused(torch::Tensor a, torch::Tensor b, torch::Tensor c);
+torch::Tensor aten_relu(torch::Tensor a);
+torch::Tensor empty_out(torch::Tensor a);
+torch::Tensor spin(torch::Tensor a);
+torch::Tensor oob(torch::Tensor a);
+'''
+FUNCTIONS = ["add", "add_per_thread_stream", "relu", "fused", "aten_relu", "empty_out", "spin", "oob"]
+
+HEADER = f'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA_SRC = r"""{CUDA_SRC}"""
+CPP_DECLS = r"""{CPP_DECLS}"""
+
+ext = load_inline(name="redteam_cuda", cpp_sources=CPP_DECLS, cuda_sources=CUDA_SRC, functions={FUNCTIONS!r},
+                  extra_cuda_cflags=["-O3"])
+'''
+
+
+def model(args: str, expr: str, init: str = "", body: str = "") -> str:
+    return (f"\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n{init}\n"
+            f"    def forward(self, {args}):\n{body}        return {expr}\n")
+
+
+def response(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+TRITON_ADD = '''import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_kernel(a_ptr, b_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(o_ptr + offs, tl.load(a_ptr + offs, mask=mask) + tl.load(b_ptr + offs, mask=mask), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, a, b):
+        out = torch.empty_like(a)
+        n = a.numel()
+        add_kernel[(triton.cdiv(n, 1024),)](a, b, out, n, BLOCK=1024)
+        return out
+'''
+
+CASES = {
+    # name: (task, response, expected category, expected rule or None)
+    "add": ("add", HEADER + model("a, b", "ext.add(a, b)"), "pass", None),
+    "relu": ("relu", HEADER + model("x", "ext.relu(x)"), "pass", None),
+    "fused": ("fused", HEADER + model("a, b, c", "ext.fused(a, b, c)"), "pass", None),
+    "triton_add": ("add", TRITON_ADD, "pass", None),
+    "side_stream": ("add", HEADER + model("a, b", "ext.add_per_thread_stream(a, b)"), "pass", None),
+    "stream_create": ("add", HEADER.replace("CUDA_SRC = r\"\"\"", "CUDA_SRC = r\"\"\"\n// cudaStream_t s; "
+                                                                   "cudaStreamCreate(&s);") +
+                      model("a, b", "ext.add(a, b)"), "cheating", "stream_creation"),
+    "python_stream": ("add", HEADER + model("a, b", "ext.add(a, b)", body="        s = torch.cuda.Stream()\n"),
+                      "cheating", "stream_creation"),
+    "lazy_subclass": ("add", HEADER + "class Lazy(torch.Tensor):\n    pass\n" + model("a, b", "ext.add(a, b)"),
+                      "cheating", "tensor_subclass"),
+    "reuse_freed_reference_output": (
+        "add", HEADER + model("a, b", "out", init="        self.calls = 0\n",
+                              body="        self.calls += 1\n        out = ext.add(a, b) if self.calls <= 5 "
+                                   "else ext.empty_out(a)\n"),
+        "cheating", None),
+    "empty_output": ("add", HEADER + model("a, b", "ext.empty_out(a)"), "correctness_error", None),
+    "aten_in_cuda": ("relu", HEADER + model("x", "ext.aten_relu(x)"), "cheating", "forbidden_op"),
+    "torch_fallback": ("relu", HEADER + model("x", "x.clamp(min=0).contiguous()"), "cheating", "forbidden_op"),
+    "glue_only": ("relu", HEADER + model("x", "torch.empty_like(x).copy_(x)"), "cheating", "no_device_kernel"),
+    "spin_forever": ("relu", HEADER + model("x", "ext.spin(x)"), "timeout", None),
+    "illegal_address": ("relu", HEADER + model("x", "ext.oob(x)"), "runtime_error", None),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of: " + ", ".join(CASES))
+    parser.add_argument("--cache", default=None, help="build cache dir (default: a fresh temp dir)")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument("--device-index", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+
+    from verifier.config import VerifierConfig
+    from verifier.evaluate import verify
+    from verifier.tasks import load_task
+
+    tmp = tempfile.mkdtemp(prefix="verifier-cuda-redteam-")
+    tasks = {}
+    for name, (doc, fargs, expr, inputs) in TASKS.items():
+        path = os.path.join(tmp, f"{name}.py")
+        with open(path, "w") as f:
+            f.write(TASK_TEMPLATE.format(doc=doc, args=fargs, expr=expr, inputs=inputs))
+        tasks[name] = load_task(path)
+    cfg = VerifierConfig(backend="cuda", build_cache_dir=args.cache or os.path.join(tmp, "cache"),
+                         max_jobs=os.cpu_count(), run_timeout_s=60.0)
+    spin_cfg = VerifierConfig(**{**cfg.to_dict(), "run_timeout_s": 15.0})
+    results = {}
+    for name in [c for c in args.cases.split(",") if c]:
+        task_name, code, expect, expect_rule = CASES[name]
+        t0 = time.monotonic()
+        r = verify(tasks[task_name], response(code), spin_cfg if name == "spin_forever" else cfg, args.device_index)
+        iso = r.details.get("isolation") or {}
+        results[name] = {
+            "expected": expect, "expected_rule": expect_rule, "category": r.category.value, "rule": r.rule,
+            "ok": r.category.value == expect and (expect_rule is None or r.rule == expect_rule),
+            "q": r.q, "speedup": r.speedup, "t_ref_ms": r.t_ref_ms, "t_cand_ms": r.t_cand_ms,
+            "seconds": round(time.monotonic() - t0, 2), "device": r.device_name,
+            "isolation": {"network": iso.get("network"), "landlock": (iso.get("landlock") or {}).get("applied"),
+                          "capabilities": iso.get("capabilities")},
+            "timing": r.details.get("timing"), "feedback": r.feedback[:300],
+        }
+        print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
+    same = results.get("add", {}).get("speedup"), results.get("side_stream", {}).get("speedup")
+    summary = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(args.device_index)
+               if torch.cuda.is_available() else None,
+               "all_ok": all(v["ok"] for v in results.values()),
+               "side_stream_vs_same_stream_speedup": same, "cases": results}
+    text = json.dumps(summary, indent=1, default=str)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    shutil.rmtree(tmp, ignore_errors=True)  # tasks and (unless --cache) the build cache
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""HF <-> Megatron distributed-checkpoint conversion (the `hf-to-mcore` / `mcore-to-hf` commands).
+
+Both directions spawn tp*pp ranks, build the Megatron model for the HF config with
+`megatron_rl.models.build_model`, and move weights with the bridge (`load_hf_into` /
+`export_hf`). Checkpoints are written with `megatron_rl.checkpoint.save_checkpoint`, so the
+trainer loads them with `load_checkpoint` at any TP/PP.
+
+Everything that can be checked before ranks start (directories, config fields against the model
+spec and the TP/PP sizes, safetensors headers and tensor names) is checked in the parent, so bad
+input fails fast with a message naming the file or field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
+from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, read_meta, resolve_checkpoint
+from megatron_rl.models import ConfigMismatchError, ParallelSizes
+
+from .hf_io import (DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter, config_dtype, config_from_dict,
+                    copy_assets, dtype_name, load_hf_config, parse_dtype, write_hf_config)
+from .ranks import ToolError, limit_threads, run_ranks, staged_output
+
+INPUT_ERRORS = (HFCheckpointError, ConfigMismatchError, BridgeError, CheckpointError, ValueError)
+
+
+@dataclasses.dataclass(frozen=True)
+class HFToMcore:
+    hf_dir: str
+    out_dir: str
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    dtype: str | None = None  # None: the HF config's dtype (else the weights' dtype)
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class McoreToHF:
+    ckpt_dir: str
+    out_dir: str
+    tp: int = 1
+    pp: int = 1
+    dtype: str | None = None  # None: the checkpoint's params dtype
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    iteration: int | None = None
+    progress: bool = True
+
+
+def _tqdm(**kw):
+    from tqdm import tqdm
+
+    return tqdm(file=sys.stderr, dynamic_ncols=True, **kw)
+
+
+def check_hf_input(hf_dir: str, par: ParallelSizes):
+    """(config, bridge, state) after validating everything a conversion needs from `hf_dir`."""
+    cfg = load_hf_config(hf_dir)
+    bridge = get_bridge(cfg)
+    bridge.validate(par)
+    state = LazyHFState(hf_dir)
+    missing, unexpected = bridge.check_hf_names(list(state.keys()))
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise HFCheckpointError(f"{hf_dir}: tensors missing for this config: {missing[:5]}{more}")
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise HFCheckpointError(f"{hf_dir}: tensors this {bridge.name} config does not use: "
+                                f"{unexpected[:5]}{more}")
+    for dup, orig in bridge.duplicate_hf_names().items():
+        if dup in state and not torch.equal(state.read(dup), state.read(orig)):
+            raise HFCheckpointError(f"{state.file_of(dup)}: {dup!r} differs from {orig!r}, but config.json "
+                                    f"ties them (tie_word_embeddings=true)")
+    return cfg, bridge, state
+
+
+def _resolve_dtype(requested: str | None, cfg, state: LazyHFState) -> torch.dtype:
+    if requested is not None:
+        return parse_dtype(requested)
+    declared = config_dtype(cfg)
+    if declared is not None:
+        return declared
+    first = next(iter(state.keys()))
+    return state.dtype(first)
+
+
+def hf_to_mcore(job: HFToMcore) -> Path:
+    par = ParallelSizes(job.tp, job.pp, job.vpp)
+    try:
+        cfg, bridge, state = check_hf_input(job.hf_dir, par)
+        dtype = _resolve_dtype(job.dtype, cfg, state)
+    except INPUT_ERRORS as e:
+        raise ToolError(str(e)) from None
+    with staged_output(job.out_dir) as tmp:
+        run_ranks(_hf_to_mcore_rank, job.tp * job.pp, str(Path(job.hf_dir).absolute()), str(tmp),
+                  job.tp, job.pp, job.vpp, dtype_name(dtype), job.progress)
+    return Path(job.out_dir)
+
+
+def _hf_to_mcore_rank(hf_dir, out_root, tp, pp, vpp, dtype, progress):
+    from megatron_rl.checkpoint import save_checkpoint
+    from megatron_rl.models import BuildOptions, build_model
+    from megatron_rl.parallel import init_parallel
+
+    limit_threads(tp * pp)
+    info = init_parallel(tp, pp, vpp=vpp)
+    cfg = load_hf_config(hf_dir)
+    chunks = build_model(cfg, ParallelSizes(tp, pp, vpp),
+                         BuildOptions(params_dtype=parse_dtype(dtype), perform_initialization=False))
+    bridge = get_bridge(cfg)
+    n_params = sum(1 for c in chunks for _ in c.parameters())
+    bar = _tqdm(total=n_params, desc="hf-to-mcore: load", unit="param", disable=not progress or info.rank != 0)
+    bridge.load_hf_into(chunks, LazyHFState(hf_dir), on_param=lambda _name: bar.update())
+    bar.close()
+    if progress and info.rank == 0:
+        print("hf-to-mcore: writing distributed checkpoint", file=sys.stderr, flush=True)
+    save_checkpoint(out_root, 0, chunks, hf_config=cfg, hf_assets_dir=hf_dir)
+
+
+def mcore_to_hf(job: McoreToHF) -> Path:
+    par = ParallelSizes(job.tp, job.pp)
+    try:
+        _it, ckpt = resolve_checkpoint(job.ckpt_dir, job.iteration)
+        meta = read_meta(ckpt)
+        if not meta.get("hf_config"):
+            raise CheckpointError(f"{ckpt / 'meta.json'}: has no hf_config; save the checkpoint with "
+                                  f"hf_config= to export it")
+        cfg = config_from_dict(meta["hf_config"])
+        bridge = get_bridge(cfg)
+        bridge.validate(par)
+        out_dtype = parse_dtype(job.dtype) if job.dtype else parse_dtype(meta.get("params_dtype", "float32"))
+        if job.max_shard_bytes <= 0:
+            raise ValueError(f"max shard size must be positive, got {job.max_shard_bytes}")
+    except INPUT_ERRORS as e:
+        raise ToolError(str(e)) from None
+    with staged_output(job.out_dir) as tmp:
+        run_ranks(_mcore_to_hf_rank, job.tp * job.pp, str(Path(job.ckpt_dir).absolute()), job.iteration,
+                  str(tmp), job.tp, job.pp, dtype_name(out_dtype), job.max_shard_bytes, job.progress)
+        write_hf_config(tmp, meta["hf_config"], out_dtype, bridge.hf_architectures)
+        copy_assets(ckpt / HF_ASSETS_DIR, tmp)
+    return Path(job.out_dir)
+
+
+def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shard_bytes, progress):
+    from megatron_rl.checkpoint import load_checkpoint
+    from megatron_rl.models import BuildOptions, build_model
+    from megatron_rl.parallel import init_parallel
+
+    limit_threads(tp * pp)
+    info = init_parallel(tp, pp)
+    _it, ckpt = resolve_checkpoint(ckpt_root, iteration)
+    meta = read_meta(ckpt)
+    cfg = config_from_dict(meta["hf_config"])
+    params_dtype = parse_dtype(meta.get("params_dtype", "float32"))
+    chunks = build_model(cfg, ParallelSizes(tp, pp),
+                         BuildOptions(params_dtype=params_dtype, perform_initialization=False))
+    load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
+    bridge = get_bridge(cfg)
+    writer = ShardedSafetensorsWriter(out_dir, max_shard_bytes) if info.rank == 0 else None
+    bar = _tqdm(total=len(bridge.hf_param_names()), desc="mcore-to-hf", unit="tensor",
+                disable=not progress or info.rank != 0)
+    for name, tensor in bridge.export_hf(chunks, dtype=parse_dtype(out_dtype)):
+        if writer is not None:
+            writer.add(name, tensor)
+        bar.update()
+    bar.close()
+    if writer is not None:
+        writer.close()

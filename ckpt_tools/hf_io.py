@@ -1,0 +1,178 @@
+"""Reading HF configs and writing HF releases (sharded safetensors + index + config + assets).
+
+The writer is streaming: tensors arrive one at a time (from `Bridge.export_hf`) and are packed
+into shards of at most `max_shard_bytes`; only the current shard is held in memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from megatron_rl.bridge import HFCheckpointError
+from megatron_rl.checkpoint import HF_ASSET_FILES
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3  # HF's default "5GB"
+
+_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    key = str(name).removeprefix("torch.")
+    if key not in _DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16")
+    return _DTYPE_NAMES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def load_hf_config(hf_dir: str | os.PathLike):
+    """The transformers config of an HF model directory (clear errors naming config.json)."""
+    from transformers import AutoConfig
+
+    path = Path(hf_dir) / "config.json"
+    if not Path(hf_dir).is_dir():
+        raise HFCheckpointError(f"HF checkpoint directory {hf_dir} does not exist")
+    if not path.is_file():
+        raise HFCheckpointError(f"{path}: missing")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise HFCheckpointError(f"{path}: has no 'model_type'")
+    try:
+        return AutoConfig.from_pretrained(str(hf_dir))
+    except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/OSError
+        raise HFCheckpointError(f"{path}: transformers cannot read it ({type(e).__name__}: {e})") from None
+
+
+def config_from_dict(d: dict):
+    from transformers import AutoConfig
+
+    d = dict(d)
+    model_type = d.pop("model_type", None)
+    if model_type is None:
+        raise HFCheckpointError("stored HF config has no model_type")
+    return AutoConfig.for_model(model_type, **d)
+
+
+def config_dtype(hf_config) -> torch.dtype | None:
+    """The dtype the HF config declares (``dtype`` or legacy ``torch_dtype``), if any."""
+    for key in ("dtype", "torch_dtype"):
+        v = getattr(hf_config, key, None) if not isinstance(hf_config, dict) else hf_config.get(key)
+        if v is None:
+            continue
+        if isinstance(v, torch.dtype):
+            return v
+        try:
+            return parse_dtype(str(v))
+        except ValueError:
+            continue
+    return None
+
+
+class ShardedSafetensorsWriter:
+    """Packs a stream of (name, tensor) into ``model-0000i-of-0000N.safetensors`` + index."""
+
+    def __init__(self, out_dir: str | os.PathLike, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+        if max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_shard_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._files: list[tuple[str, list[str]]] = []  # temp name, tensor names
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self._pending or any(name in names for _, names in self._files):
+            raise ValueError(f"tensor {name!r} written twice")
+        t = tensor.detach().to("cpu").contiguous()
+        size = t.numel() * t.element_size()
+        if self._pending and self._pending_bytes + size > self.max_bytes:
+            self._flush()
+        self._pending[name] = t
+        self._pending_bytes += size
+        self.total_bytes += size
+
+    def add_all(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, t in items:
+            self.add(name, t)
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        tmp_name = f".shard-{len(self._files):05d}.safetensors.tmp"
+        save_file(self._pending, str(self.out / tmp_name), metadata={"format": "pt"})
+        os.chmod(self.out / tmp_name, 0o666 & ~_umask())  # safetensors creates files 0600
+        self._files.append((tmp_name, list(self._pending)))
+        self._pending, self._pending_bytes = {}, 0
+
+    def close(self) -> list[str]:
+        """Names the shards, writes the index; returns the shard file names."""
+        if self._pending:
+            self._flush()
+        if not self._files:
+            raise ValueError("no tensors were written")
+        n = len(self._files)
+        weight_map, names = {}, []
+        for i, (tmp_name, tensor_names) in enumerate(self._files):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            _fsync_file(self.out / tmp_name)
+            os.replace(self.out / tmp_name, self.out / final)
+            names.append(final)
+            for t in tensor_names:
+                weight_map[t] = final
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return names
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_hf_config(out_dir: str | os.PathLike, config_dict: dict, dtype: torch.dtype,
+                    architectures: tuple[str, ...]) -> None:
+    cfg = dict(config_dict)
+    cfg["dtype"] = dtype_name(dtype)
+    cfg["torch_dtype"] = dtype_name(dtype)  # readers on transformers < 4.56 look for this key
+    if not cfg.get("architectures"):
+        cfg["architectures"] = list(architectures)
+    (Path(out_dir) / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def copy_assets(src_dir: str | os.PathLike | None, out_dir: str | os.PathLike) -> list[str]:
+    """Tokenizer / generation files (never config.json, which is regenerated)."""
+    if src_dir is None or not Path(src_dir).is_dir():
+        return []
+    copied = []
+    for name in HF_ASSET_FILES:
+        if name == "config.json":
+            continue
+        src = Path(src_dir) / name
+        if src.is_file():
+            shutil.copy2(src, Path(out_dir) / name)
+            copied.append(name)
+    return copied

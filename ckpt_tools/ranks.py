@@ -1,0 +1,74 @@
+"""Running a tool's work on tp*pp local ranks, and staging its output directory.
+
+`run_ranks` turns a failure on any rank into one readable `ToolError` (the last line of that
+rank's traceback, e.g. ``BridgeError: model.layers.0.self_attn.q_proj.weight: ...``).
+`staged_output` guarantees that a failed command leaves no output directory behind: work happens
+in a hidden sibling temp dir that is renamed into place only on success.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+class ToolError(RuntimeError):
+    """Bad input or a failed conversion; the CLI prints it and exits non-zero."""
+
+
+def limit_threads(world_size: int) -> None:
+    """Share the CPU cores between local ranks instead of oversubscribing them."""
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world_size)))
+
+
+def run_ranks(fn: Callable, world_size: int, *args) -> None:
+    from torch.multiprocessing.spawn import ProcessRaisedException, ProcessExitedException
+
+    from megatron_rl.parallel import spawn
+
+    try:
+        spawn(fn, world_size, *args)
+    except ProcessRaisedException as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        raise ToolError(lines[-1].strip() if lines else "a rank failed") from None
+    except ProcessExitedException as e:
+        raise ToolError(f"a rank died: {e}") from None
+
+
+@contextlib.contextmanager
+def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp dir next to `out_dir`; on success rename it to `out_dir`, else delete it.
+
+    Refuses an existing non-empty `out_dir`. Parent directories created here are removed again
+    on failure.
+    """
+    out = Path(out_dir).absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ToolError(f"output {out} already exists and is not empty; refusing to overwrite it")
+    created: list[Path] = []
+    p = out.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    for d in reversed(created):
+        d.mkdir()
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise

@@ -1,0 +1,149 @@
+"""HF vs Megatron logit parity for a converted checkpoint (the `verify` command).
+
+The HF model (transformers, eager attention) runs in this process first and is freed; then tp*pp
+ranks build the Megatron model from the checkpoint, run the same tokens (`megatron_logits`), and
+rank 0 hands its logits back through a temp file. Comparing in the parent keeps at most one
+model in memory per process.
+
+Tolerance: `tol` is an absolute bound on max |logit_hf - logit_megatron|. Default: 1e-4 for fp32
+checkpoints; for bf16/fp16 5% of the largest |HF logit| (at least 0.05), because half-precision
+rounding grows with the logit scale while a layout bug produces errors of the logits' own size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import torch
+
+from megatron_rl.bridge import get_bridge
+from megatron_rl.checkpoint import CheckpointError, read_meta, resolve_checkpoint
+from megatron_rl.models import ParallelSizes
+
+from .convert import INPUT_ERRORS
+from .hf_io import config_from_dict, load_hf_config, parse_dtype
+from .ranks import ToolError, limit_threads, run_ranks
+
+FP32_TOL = 1e-4
+HALF_REL_TOL = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyJob:
+    hf_dir: str
+    ckpt_dir: str
+    tp: int = 1
+    pp: int = 1
+    tol: float | None = None
+    batch: int = 2
+    seq_len: int = 32
+    seed: int = 0
+    iteration: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    max_abs_logit_diff: float
+    tol: float
+    ok: bool
+    max_abs_logit: float
+    top1_agreement: float
+    dtype: str
+    tp: int
+    pp: int
+    tokens: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_tol(dtype: torch.dtype, max_abs_logit: float) -> float:
+    if dtype == torch.float32:
+        return FP32_TOL
+    return HALF_REL_TOL * max(1.0, max_abs_logit)
+
+
+def verify(job: VerifyJob) -> VerifyReport:
+    par = ParallelSizes(job.tp, job.pp)
+    try:
+        if job.batch < 1 or job.seq_len < 1:
+            raise ValueError(f"batch={job.batch} and seq_len={job.seq_len} must be positive")
+        hf_cfg = load_hf_config(job.hf_dir)
+        _it, ckpt = resolve_checkpoint(job.ckpt_dir, job.iteration)
+        meta = read_meta(ckpt)
+        if not meta.get("hf_config"):
+            raise CheckpointError(f"{ckpt / 'meta.json'}: has no hf_config")
+        ckpt_cfg = config_from_dict(meta["hf_config"])
+        if ckpt_cfg.model_type != hf_cfg.model_type:
+            raise CheckpointError(f"{ckpt}: model_type {ckpt_cfg.model_type!r} but {job.hf_dir} has "
+                                  f"{hf_cfg.model_type!r}")
+        get_bridge(ckpt_cfg).validate(par)
+        dtype = parse_dtype(meta.get("params_dtype", "float32"))
+    except INPUT_ERRORS as e:
+        raise ToolError(str(e)) from None
+
+    gen = torch.Generator().manual_seed(job.seed)
+    tokens = torch.randint(0, int(hf_cfg.vocab_size), (job.batch, job.seq_len), generator=gen)
+    hf_logits = hf_forward(job.hf_dir, tokens, dtype)
+
+    with tempfile.TemporaryDirectory(prefix="ckpt_verify_") as tmp:
+        tok_path, out_path = Path(tmp) / "tokens.pt", Path(tmp) / "logits.pt"
+        torch.save(tokens, tok_path)
+        run_ranks(_verify_rank, job.tp * job.pp, str(Path(job.ckpt_dir).absolute()), job.iteration,
+                  job.tp, job.pp, str(tok_path), str(out_path))
+        mg_logits = torch.load(out_path)
+
+    vocab = hf_logits.shape[-1]
+    mg_logits = mg_logits[..., :vocab]
+    diff = (mg_logits - hf_logits).abs().max().item()
+    max_logit = hf_logits.abs().max().item()
+    tol = job.tol if job.tol is not None else default_tol(dtype, max_logit)
+    agree = (mg_logits.argmax(-1) == hf_logits.argmax(-1)).float().mean().item()
+    ok = bool(diff <= tol) and torch.isfinite(mg_logits).all().item()
+    return VerifyReport(max_abs_logit_diff=diff, tol=tol, ok=ok, max_abs_logit=max_logit,
+                        top1_agreement=agree, dtype=str(dtype).removeprefix("torch."), tp=job.tp,
+                        pp=job.pp, tokens=int(tokens.numel()))
+
+
+@torch.no_grad()
+def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 CPU logits of the transformers model in `dtype` (eager attention)."""
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="eager")
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+        raise ToolError(f"{hf_dir}: transformers cannot load the model ({type(e).__name__}: {e})") from None
+    model = model.to(device).eval()
+    logits = model(tokens.to(device)).logits.float().cpu()
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return logits
+
+
+def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path):
+    import torch.distributed as dist
+
+    from megatron_rl.checkpoint import load_checkpoint
+    from megatron_rl.models import BuildOptions, build_model
+    from megatron_rl.parallel import init_parallel
+
+    from .forward import megatron_logits
+
+    limit_threads(tp * pp)
+    init_parallel(tp, pp)
+    _it, ckpt = resolve_checkpoint(ckpt_root, iteration)
+    meta = read_meta(ckpt)
+    cfg = config_from_dict(meta["hf_config"])
+    chunks = build_model(cfg, ParallelSizes(tp, pp),
+                         BuildOptions(params_dtype=parse_dtype(meta.get("params_dtype", "float32")),
+                                      perform_initialization=False))
+    load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
+    for c in chunks:
+        c.eval()
+    logits = megatron_logits(chunks, torch.load(tok_path))
+    if dist.get_rank() == 0:
+        torch.save(logits.cpu(), out_path)

@@ -1,0 +1,170 @@
+"""Megatron DDP, the (distributed) Adam optimizer and the LR schedule for the actor.
+
+Everything here is megatron-core's own machinery: ``DistributedDataParallel`` owns contiguous
+grad (and, with the distributed optimizer, param) buffers, ``get_megatron_optimizer`` builds the
+ZeRO-1 style ``DistributedOptimizer`` holding fp32 main params and Adam moments for this rank's
+shard, and ``OptimizerParamScheduler`` sets LR / weight decay per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_warmup_init: float = 0.0
+    lr_warmup_steps: int = 0
+    lr_decay_steps: int | None = None      # None: a long horizon (effectively constant after warmup)
+    lr_decay_style: str = "constant"       # constant | linear | cosine | inverse-square-root
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
+    grad_reduce_in_fp32: bool = True
+    bucket_size: int | None = None
+
+    def validate(self) -> None:
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"lr={self.lr} must be > 0")
+        if not 0 <= self.min_lr <= self.lr:
+            problems.append(f"min_lr={self.min_lr} must be in [0, lr]")
+        if not 0 <= self.lr_warmup_init <= self.lr:
+            problems.append(f"lr_warmup_init={self.lr_warmup_init} must be in [0, lr]")
+        if self.lr_warmup_steps < 0:
+            problems.append(f"lr_warmup_steps={self.lr_warmup_steps} must be >= 0")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
+            problems.append(f"lr_decay_steps={self.lr_decay_steps} must exceed lr_warmup_steps={self.lr_warmup_steps}")
+        if self.lr_decay_style not in ("constant", "linear", "cosine", "inverse-square-root"):
+            problems.append(f"lr_decay_style={self.lr_decay_style!r} is not one of constant/linear/cosine/inverse-square-root")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay={self.weight_decay} must be >= 0")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            problems.append(f"adam betas ({self.adam_beta1}, {self.adam_beta2}) must be in [0, 1)")
+        if not self.adam_eps > 0:
+            problems.append(f"adam_eps={self.adam_eps} must be > 0")
+        if self.clip_grad < 0:
+            problems.append(f"clip_grad={self.clip_grad} must be >= 0 (0 disables clipping)")
+        if problems:
+            raise ValueError("invalid optimizer settings: " + "; ".join(problems))
+
+
+def wrap_ddp(chunks: list, settings: OptimSettings) -> list:
+    """Wrap each GPTModel chunk in megatron DDP (the first chunk owns bucketing under VPP)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=settings.grad_reduce_in_fp32,
+        overlap_grad_reduce=settings.overlap_grad_reduce,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
+        check_for_nan_in_grad=False,  # the actor detects non-finite steps itself and skips them
+        bucket_size=settings.bucket_size,
+    )
+    return [
+        DistributedDataParallel(chunk.config, ddp_config, chunk,
+                                disable_bucketing=(k > 0))  # megatron-LM convention for VPP
+        for k, chunk in enumerate(chunks)
+    ]
+
+
+def build_optimizer(model: list, settings: OptimSettings, params_dtype: torch.dtype):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    cfg = OptimizerConfig(
+        optimizer="adam",
+        lr=settings.lr,
+        min_lr=settings.min_lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.adam_beta1,
+        adam_beta2=settings.adam_beta2,
+        adam_eps=settings.adam_eps,
+        clip_grad=settings.clip_grad,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=False,
+        params_dtype=params_dtype,
+        use_distributed_optimizer=settings.use_distributed_optimizer,
+        # An overflowing (inf) grad norm skips the update inside megatron's step; NaNs are caught
+        # by the actor before the step is attempted.
+        grad_norm_skip_threshold=float(torch.finfo(torch.float32).max),
+    )
+    return get_megatron_optimizer(cfg, model)
+
+
+def build_scheduler(optimizer, settings: OptimSettings):
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay_steps = settings.lr_decay_steps or max(settings.lr_warmup_steps + 1, 10**9)
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=settings.lr_warmup_init,
+        max_lr=settings.lr,
+        min_lr=settings.min_lr,
+        lr_warmup_steps=settings.lr_warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=settings.lr_decay_style,
+        start_wd=settings.weight_decay,
+        end_wd=settings.weight_decay,
+        wd_incr_steps=decay_steps,
+        wd_incr_style="constant",
+    )
+
+
+def current_lr(optimizer) -> float:
+    for group in optimizer.param_groups:
+        lr = group.get("lr")
+        if lr is not None:
+            return float(lr)
+    return 0.0
+
+
+def grads_are_finite(model: list) -> bool:
+    """Local check of every DDP grad buffer (reduce the flag across ranks before trusting it)."""
+    for buf in _buffers(model):
+        if buf.grad_data is not None and buf.grad_data.numel() and not torch.isfinite(buf.grad_data).all():
+            return False
+    return True
+
+
+def offload_to_cpu(model: list, optimizer) -> None:
+    """Free accelerator memory between training phases (colocated rollouts).
+
+    Moves DDP param/grad buffers (megatron's ``offload_to_cpu`` on each buffer; params live in
+    the buffers under the distributed optimizer, otherwise they move one by one) and the
+    optimizer's fp32 main params and Adam moments (``MegatronOptimizer.offload_to_cpu``).
+    A no-op without CUDA.
+    """
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.synchronize()
+    for buf in _buffers(model):
+        buf.offload_to_cpu(move_params=buf.param_data is not None, move_grads=True)
+        if buf.param_data is None:
+            for p in buf.params:
+                p.data = p.data.to("cpu")
+    optimizer.offload_to_cpu()
+    torch.cuda.empty_cache()
+
+
+def restore_from_cpu(model: list, optimizer) -> None:
+    if not torch.cuda.is_available():
+        return
+    device = torch.device("cuda", torch.cuda.current_device())
+    for buf in _buffers(model):
+        buf.reload_from_cpu(move_params=buf.param_data is not None, move_grads=True)
+        if buf.param_data is None:
+            for p in buf.params:
+                p.data = p.data.to(device)
+    optimizer.restore_from_cpu()
+    torch.cuda.synchronize()
+
+
+def _buffers(model: list):
+    for chunk in model:
+        yield from list(chunk.buffers) + list(chunk.expert_parallel_buffers)

@@ -1,0 +1,323 @@
+"""The architecture-independent half of the bridge: mapping tables and the TP/PP plumbing.
+
+An architecture file lists `ParamMapping`s (Megatron name pattern <-> HF name pattern + transform).
+`Bridge` turns that list into
+- `load_hf_into`: fill this rank's model chunks from full HF tensors (lazily read),
+- `export_hf`: a stream of full HF tensors gathered over TP and broadcast over PP,
+- `hf_param_names`: the HF names in export order.
+The same tables serve checkpoint conversion and live weight sync, so a layout is written once.
+
+Layer names: inside a model chunk Megatron numbers layers locally (`decoder.layers.{i}` with
+i = 0..n_local-1); the global index is the PP/VPP offset
+(`get_transformer_layer_offset`) plus i. Patterns use `{layer}` for the global index.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .transforms import HFSource, LayoutError, Transform, as_source
+
+_LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+class BridgeError(ValueError):
+    """A model or an HF state does not fit the bridge's mapping table."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamMapping:
+    """One Megatron parameter <-> one or more HF tensors.
+
+    `megatron`: the name pattern; further patterns are aliases for the same parameter under
+    other layer specs (the local spec's `input_layernorm.weight` is the TE spec's
+    `self_attention.linear_qkv.layer_norm_weight`). Layer mappings are relative to
+    `decoder.layers.{layer}.`; `hf` patterns are absolute and may use `{layer}`.
+    `export=False`: load-only (a tied output layer is a copy of the embedding).
+    """
+
+    megatron: str | tuple[str, ...]
+    hf: str | tuple[str, ...]
+    transform: Transform
+
+    export: bool = True
+
+    @property
+    def megatron_names(self) -> tuple[str, ...]:
+        return (self.megatron,) if isinstance(self.megatron, str) else tuple(self.megatron)
+
+    @property
+    def hf_patterns(self) -> tuple[str, ...]:
+        return (self.hf,) if isinstance(self.hf, str) else tuple(self.hf)
+
+    def hf_names(self, layer: int | None = None) -> tuple[str, ...]:
+        return tuple(p.format(layer=layer) for p in self.hf_patterns)
+
+    def __post_init__(self):
+        if len(self.hf_patterns) != self.transform.num_hf:
+            raise ValueError(f"{self.megatron_names[0]}: transform {type(self.transform).__name__} "
+                             f"takes {self.transform.num_hf} HF tensors, got {self.hf_patterns}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unit:
+    """A resolved parameter: mapping + global layer (None outside the decoder layers)."""
+
+    mapping: ParamMapping
+    layer: int | None
+
+    @property
+    def key(self) -> str:
+        """Canonical global Megatron name (first alias, global layer index)."""
+        name = self.mapping.megatron_names[0]
+        return name if self.layer is None else f"decoder.layers.{self.layer}.{name}"
+
+    @property
+    def hf_names(self) -> tuple[str, ...]:
+        return self.mapping.hf_names(self.layer)
+
+
+def unwrap(chunk):
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    from megatron.core.utils import unwrap_model
+
+    return unwrap_model(chunk)
+
+
+def _is_skipped(name: str) -> bool:
+    return name.endswith("_extra_state")
+
+
+class Bridge:
+    """Base class; an architecture subclass provides the three mapping lists.
+
+    Subclasses set `name`, `hf_model_types`, `hf_architectures` and implement `pre_mappings`
+    (before the decoder layers: embeddings), `layer_mappings(layer)` (per global layer; may depend
+    on the layer type) and `post_mappings` (final norm, output layer).
+    """
+
+    name: str = "base"
+    hf_model_types: tuple[str, ...] = ()
+    hf_architectures: tuple[str, ...] = ()
+
+    def __init__(self, hf_config):
+        self.hf_config = hf_config
+        self.num_layers = int(hf_config.num_hidden_layers)
+        self._layer_tables: dict[int, dict[str, ParamMapping]] = {}
+
+    # ----- per-architecture hooks -----------------------------------------------------------
+    def pre_mappings(self) -> list[ParamMapping]:
+        raise NotImplementedError
+
+    def layer_mappings(self, layer: int) -> list[ParamMapping]:
+        raise NotImplementedError
+
+    def post_mappings(self) -> list[ParamMapping]:
+        raise NotImplementedError
+
+    def duplicate_hf_names(self) -> dict[str, str]:
+        """HF names that may appear in a checkpoint as copies of another (e.g. a tied lm_head).
+
+        `load_hf_into` checks they are equal to the original instead of ignoring them silently.
+        """
+        return {}
+
+    def ignorable_hf_names(self, names: Sequence[str]) -> list[str]:
+        """Names in an HF checkpoint that carry no weights (e.g. stale rotary buffers)."""
+        return [n for n in names if n.endswith("rotary_emb.inv_freq")]
+
+    def validate(self, par) -> None:
+        """Raise ConfigMismatchError when this config cannot be laid out at `par` (ParallelSizes)."""
+        from megatron_rl.models import spec_for
+
+        spec_for(self.hf_config).validate(self.hf_config, par)
+
+    # ----- name tables ----------------------------------------------------------------------
+    def export_units(self) -> list[_Unit]:
+        units = [_Unit(m, None) for m in self.pre_mappings()]
+        for layer in range(self.num_layers):
+            units += [_Unit(m, layer) for m in self.layer_mappings(layer)]
+        units += [_Unit(m, None) for m in self.post_mappings()]
+        return [u for u in units if u.mapping.export]
+
+    def hf_param_names(self, hf_config=None) -> list[str]:
+        """Expected HF tensor names, in `export_hf` order."""
+        bridge = self if hf_config is None or hf_config is self.hf_config else type(self)(hf_config)
+        return [n for u in bridge.export_units() for n in u.hf_names]
+
+    def check_hf_names(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(missing, unexpected) HF names of a checkpoint against this config."""
+        expected = self.hf_param_names()
+        have = set(names)
+        missing = [n for n in expected if n not in have]
+        allowed = set(expected) | set(self.duplicate_hf_names()) | set(self.ignorable_hf_names(names))
+        unexpected = sorted(n for n in have if n not in allowed)
+        return missing, unexpected
+
+    def _layer_table(self, layer: int) -> dict[str, ParamMapping]:
+        table = self._layer_tables.get(layer)
+        if table is None:
+            table = {}
+            for m in self.layer_mappings(layer):
+                for alias in m.megatron_names:
+                    table[alias] = m
+            self._layer_tables[layer] = table
+        return table
+
+    def _resolve(self, local_name: str, layer_offset: int, num_local_layers: int) -> _Unit:
+        match = _LAYER_RE.match(local_name)
+        if match:
+            local, rest = int(match.group(1)), match.group(2)
+            if local >= num_local_layers:
+                raise BridgeError(f"{local_name}: local layer {local} >= {num_local_layers} layers in chunk")
+            layer = layer_offset + local
+            mapping = self._layer_table(layer).get(rest)
+            if mapping is None:
+                raise BridgeError(f"Megatron parameter {local_name!r} (global layer {layer}) has no "
+                                  f"mapping in the {self.name} bridge")
+            return _Unit(mapping, layer)
+        for m in self.pre_mappings() + self.post_mappings():
+            if local_name in m.megatron_names:
+                return _Unit(m, None)
+        raise BridgeError(f"Megatron parameter {local_name!r} has no mapping in the {self.name} bridge")
+
+    # ----- model inventory ------------------------------------------------------------------
+    def local_params(self, model_chunks) -> list[tuple[_Unit, Tensor]]:
+        """Every parameter of this rank's chunks with its resolved mapping and global layer."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        pp_rank = ps.get_pipeline_model_parallel_rank()
+        out = []
+        for chunk in model_chunks:
+            model = unwrap(chunk)
+            layers = model.decoder.layers if hasattr(model, "decoder") else []
+            offset = get_transformer_layer_offset(model.config, vp_stage=getattr(model, "vp_stage", None),
+                                                  pp_rank=pp_rank)
+            for i, layer in enumerate(layers):
+                if getattr(layer, "layer_number", offset + i + 1) != offset + i + 1:
+                    raise BridgeError(f"layer {i} of a chunk has layer_number {layer.layer_number}, "
+                                      f"expected offset {offset} + {i} + 1")
+            for name, param in model.named_parameters():
+                if _is_skipped(name):
+                    continue
+                out.append((self._resolve(name, offset, len(layers)), param))
+        return out
+
+    # ----- import ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_hf_into(self, model_chunks, hf_state: Mapping[str, Tensor] | HFSource,
+                     on_param: Callable[[str], None] | None = None) -> None:
+        """Fill this rank's model chunks from full HF tensors.
+
+        Reads only the slices this TP rank holds for the layers this PP stage owns, so a lazy
+        source (`LazyHFState`) never materialises the whole checkpoint on one rank. `on_param`
+        is called with each Megatron parameter's global name once it is filled (progress bars).
+        """
+        from megatron.core import parallel_state as ps
+
+        src = as_source(hf_state)
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        tp_size = ps.get_tensor_model_parallel_world_size()
+        duplicates = self.duplicate_hf_names()
+        for unit, param in self.local_params(model_chunks):
+            names = unit.hf_names
+            for n in names:
+                if n not in src:
+                    raise BridgeError(f"HF tensor {n!r} (for Megatron {unit.key}) is missing")
+            try:
+                shard = unit.mapping.transform.shard(src, names, tp_rank, tp_size, tuple(param.shape))
+            except LayoutError as e:
+                raise BridgeError(f"{unit.key}: {e}") from None
+            if unit.mapping.export:
+                for dup, orig in duplicates.items():
+                    if orig in names and dup in src:
+                        alt = unit.mapping.transform.shard(
+                            src, tuple(dup if n == orig else n for n in names), tp_rank, tp_size,
+                            tuple(param.shape))
+                        if not torch.equal(alt, shard):
+                            raise BridgeError(f"{dup!r} is present and differs from {orig!r}, but the "
+                                              f"config ties them (tie_word_embeddings=True)")
+            param.data.copy_(shard)
+            if on_param is not None:
+                on_param(unit.key)
+
+    # ----- export ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def export_hf(self, model_chunks, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+        """Yield (hf_name, full tensor) for the whole model, in `hf_param_names` order.
+
+        Collective: every rank of the model-parallel group must iterate it to the end, and all of
+        them yield the same sequence. Shards are all-gathered over TP on the owning stage and
+        broadcast over PP; one parameter is in flight at a time. Tensors are in the model's param
+        dtype unless `dtype` is given, on the params' device, and never alias a parameter.
+        """
+        from megatron.core import parallel_state as ps
+
+        tp_size = ps.get_tensor_model_parallel_world_size()
+        pp_size = ps.get_pipeline_model_parallel_world_size()
+        pp_rank = ps.get_pipeline_model_parallel_rank()
+        tp_group = ps.get_tensor_model_parallel_group()
+        pp_group = ps.get_pipeline_model_parallel_group()
+
+        local: dict[str, tuple[_Unit, Tensor]] = {}
+        for unit, param in self.local_params(model_chunks):
+            if unit.mapping.export:
+                local[unit.key] = (unit, param)
+        if not local and pp_size == 1:
+            raise BridgeError("export_hf: the model chunks hold no parameters")
+        device = next(iter(local.values()))[1].device if local else _default_device()
+        owners = self._owners(local, pp_group, pp_size, pp_rank)
+        pp_ranks = dist.get_process_group_ranks(pp_group) if pp_size > 1 else None
+
+        for unit in self.export_units():
+            if unit.key not in owners:
+                raise BridgeError(f"export_hf: Megatron parameter {unit.key} is on no pipeline stage")
+            owner, local_shape, dtype_name = owners[unit.key]
+            transform = unit.mapping.transform
+            param = local[unit.key][1].detach() if owner == pp_rank else None
+            if param is not None and transform.tp_dim is not None and tp_size > 1:
+                parts = [torch.empty_like(param) for _ in range(tp_size)]
+                dist.all_gather(parts, param.contiguous(), group=tp_group)
+                full = torch.cat(parts, dim=transform.tp_dim)
+            elif param is not None:
+                full = param.contiguous()
+            else:
+                full = torch.empty(transform.full_shape(local_shape, tp_size),
+                                   dtype=getattr(torch, dtype_name), device=device)
+            if pp_size > 1:
+                dist.broadcast(full, src=pp_ranks[owner], group=pp_group)
+            for name, tensor in zip(unit.hf_names, transform.to_hf(full, tp_size)):
+                out = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+                if param is not None and _shares_storage(out, param):
+                    out = out.clone()
+                yield name, out
+
+    def _owners(self, local, pp_group, pp_size, pp_rank) -> dict[str, tuple[int, tuple, str]]:
+        """Which PP stage holds each exported parameter, with its local shape and dtype."""
+        mine = {k: (pp_rank, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+                for k, (_, p) in local.items()}
+        if pp_size == 1:
+            return mine
+        gathered: list[Any] = [None] * pp_size
+        dist.all_gather_object(gathered, mine, group=pp_group)
+        owners: dict[str, tuple[int, tuple, str]] = {}
+        for stage in gathered:
+            for k, v in stage.items():
+                owners.setdefault(k, v)
+        return owners
+
+
+def _shares_storage(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,128 @@
+"""Lazy, read-only access to an HF safetensors checkpoint directory.
+
+Why lazy: every rank of an 8B/32B load only needs its TP slice of its PP stage's tensors.
+safetensors memory-maps the files and `get_slice` reads just the requested rows/columns, so a rank
+touches a fraction of the checkpoint and nothing is materialised whole unless asked for.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+
+
+class HFCheckpointError(ValueError):
+    """A missing, unreadable or inconsistent HF checkpoint file (the message names the file)."""
+
+
+class LazyHFState:
+    """`HFSource` over ``model.safetensors`` or a sharded set with ``model.safetensors.index.json``.
+
+    All files are opened (headers parsed, contents mapped) at construction so a corrupt file or an
+    index that points at missing tensors fails here with the file's name, before any rank writes.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise HFCheckpointError(f"HF checkpoint directory {self.path} does not exist")
+        index = self.path / INDEX_NAME
+        declared: dict[str, str] | None = None
+        if index.exists():
+            try:
+                declared = json.loads(index.read_text())["weight_map"]
+                if not isinstance(declared, dict):
+                    raise TypeError("weight_map is not an object")
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+                raise HFCheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+            files = sorted(set(declared.values()))
+        elif (self.path / SINGLE_NAME).exists():
+            files = [SINGLE_NAME]
+        else:
+            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not files:
+            raise HFCheckpointError(f"{self.path}: no safetensors weights ({SINGLE_NAME} or {INDEX_NAME})")
+
+        self._handles = {}
+        self._where: dict[str, str] = {}
+        for f in files:
+            fp = self.path / f
+            if not fp.is_file():
+                raise HFCheckpointError(f"{fp}: listed in {INDEX_NAME} but missing")
+            try:
+                handle = safe_open(str(fp), framework="pt", device="cpu")
+                names = list(handle.keys())
+            except Exception as e:  # safetensors raises its own error types for bad headers/sizes
+                raise HFCheckpointError(f"{fp}: not a readable safetensors file ({e})") from None
+            self._handles[f] = handle
+            for n in names:
+                if n in self._where:
+                    raise HFCheckpointError(f"{fp}: tensor {n!r} also appears in {self._where[n]}")
+                self._where[n] = f
+        if declared is not None:
+            for n, f in declared.items():
+                if self._where.get(n) != f:
+                    raise HFCheckpointError(f"{self.path / f}: {INDEX_NAME} lists {n!r} in it, but it is not there")
+
+    def keys(self):
+        return self._where.keys()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def file_of(self, name: str) -> Path:
+        return self.path / self._file(name)
+
+    def _file(self, name: str) -> str:
+        try:
+            return self._where[name]
+        except KeyError:
+            raise KeyError(f"HF tensor {name!r} is not in {self.path}") from None
+
+    def _slice(self, name: str):
+        return self._handles[self._file(name)].get_slice(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._slice(name).get_shape())
+
+    def dtype(self, name: str) -> torch.dtype:
+        code = self._slice(name).get_dtype()
+        if code not in _DTYPES:
+            raise HFCheckpointError(f"{self.file_of(name)}: tensor {name!r} has unsupported dtype {code}")
+        return _DTYPES[code]
+
+    def read(self, name: str, dim: int | None = None, start: int | None = None,
+             stop: int | None = None) -> Tensor:
+        try:
+            if dim is None:
+                return self._handles[self._file(name)].get_tensor(name)
+            sl = self._slice(name)
+            if dim == 0:
+                return sl[start:stop]
+            if dim == 1:
+                return sl[:, start:stop]
+        except KeyError:
+            raise
+        except Exception as e:
+            raise HFCheckpointError(f"{self.file_of(name)}: cannot read {name!r} ({e})") from None
+        raise ValueError(f"read: dim must be None, 0 or 1, got {dim}")
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.read(name)

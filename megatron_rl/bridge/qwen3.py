@@ -1,0 +1,66 @@
+"""Qwen3 dense (``model_type: qwen3``): the HF <-> Megatron parameter table.
+
+GQA attention with QK RMSNorm, SwiGLU MLP, RMSNorm (plain ``w * x``, copied as is), tied or untied
+embeddings. Names on the Megatron side cover both the local spec (separate norm modules) and the
+TE spec (norms fused into ``linear_qkv`` / ``linear_fc1``).
+"""
+from __future__ import annotations
+
+from megatron_rl.models.qwen3 import head_dim
+
+from .base import Bridge, ParamMapping
+from .registry import register
+from .transforms import GatedMLP, QKVInterleave, Replicated, RowParallel, VocabParallel
+
+_HF_LAYER = "model.layers.{layer}."
+
+
+@register
+class Qwen3Bridge(Bridge):
+    name = "qwen3"
+    hf_model_types = ("qwen3",)
+    hf_architectures = ("Qwen3ForCausalLM",)
+
+    def __init__(self, hf_config):
+        super().__init__(hf_config)
+        cfg = hf_config
+        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        vocab = VocabParallel(vocab_size=int(cfg.vocab_size))
+        self._pre = [ParamMapping("embedding.word_embeddings.weight", "model.embed_tokens.weight", vocab)]
+        self._post = [
+            ParamMapping("decoder.final_layernorm.weight", "model.norm.weight", Replicated()),
+            # Tied: only a PP>1 last stage has this parameter (a copy of the embedding).
+            ParamMapping("output_layer.weight", "model.embed_tokens.weight" if self.tied else "lm_head.weight",
+                         vocab, export=not self.tied),
+        ]
+        qkv = QKVInterleave(num_heads=int(cfg.num_attention_heads), num_groups=int(cfg.num_key_value_heads),
+                            head_dim=head_dim(cfg))
+        L = _HF_LAYER
+        self._layer = [
+            ParamMapping(("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
+                         L + "input_layernorm.weight", Replicated()),
+            ParamMapping("self_attention.linear_qkv.weight",
+                         (L + "self_attn.q_proj.weight", L + "self_attn.k_proj.weight", L + "self_attn.v_proj.weight"),
+                         qkv),
+            ParamMapping("self_attention.q_layernorm.weight", L + "self_attn.q_norm.weight", Replicated()),
+            ParamMapping("self_attention.k_layernorm.weight", L + "self_attn.k_norm.weight", Replicated()),
+            ParamMapping("self_attention.linear_proj.weight", L + "self_attn.o_proj.weight", RowParallel()),
+            ParamMapping(("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"),
+                         L + "post_attention_layernorm.weight", Replicated()),
+            ParamMapping("mlp.linear_fc1.weight", (L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"), GatedMLP()),
+            ParamMapping("mlp.linear_fc2.weight", L + "mlp.down_proj.weight", RowParallel()),
+        ]
+
+    def pre_mappings(self):
+        return self._pre
+
+    def layer_mappings(self, layer):
+        return self._layer
+
+    def post_mappings(self):
+        return self._post
+
+    def duplicate_hf_names(self):
+        return {"lm_head.weight": "model.embed_tokens.weight"} if self.tied else {}
+
+

@@ -1,0 +1,472 @@
+"""Distributed checkpoints of the Megatron actor (megatron-core ``dist_checkpointing``).
+
+Layout (Megatron-LM compatible)::
+
+    <root>/latest_checkpointed_iteration.txt      "123"  (or "release")
+    <root>/iter_0000123/                          dist-ckpt files (torch_dist: *.distcp, .metadata, metadata.json)
+    <root>/iter_0000123/meta.json                 HF config, tp/pp/vpp/world at save, bridge name, contents
+    <root>/iter_0000123/extra/rank_00000.pt       the trainer's opaque `extra` dict, one file per rank
+    <root>/iter_0000123/hf_assets/                config/tokenizer/generation files (optional)
+
+Why this shape:
+- Weights are stored as global tensors, so a checkpoint saved at one TP/PP reloads at another.
+  The optimizer uses the ``fully_reshardable`` sharding type for the same reason.
+- Atomic: everything is written into ``<root>/.iter_0000123.tmp``, fsynced, renamed, and only then
+  is ``latest_checkpointed_iteration.txt`` replaced (temp file + rename). A crash leaves either the
+  old checkpoint or the new one, never a half-written directory under the final name.
+- ``extra`` is per rank (RNG states differ per rank); on a different world size every rank gets
+  rank 0's copy.
+
+`save_checkpoint` and `load_checkpoint` are collective over the default process group: call them on
+every rank. The path helpers (`latest_iteration`, `resolve_checkpoint`, `read_meta`) are not.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+META_FILE = "meta.json"
+EXTRA_DIR = "extra"
+HF_ASSETS_DIR = "hf_assets"
+DIST_CKPT_MARKER = "metadata.json"  # written by dist_checkpointing.save
+FORMAT_VERSION = 1
+
+#: HF files worth carrying with a checkpoint so it can be exported as an HF release.
+HF_ASSET_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+    "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+)
+
+
+class CheckpointError(RuntimeError):
+    """A missing, corrupt or incompatible checkpoint (the message names the file or directory)."""
+
+
+def iteration_dir_name(iteration: int | str) -> str:
+    if iteration == "release":
+        return "release"
+    if not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"iteration must be a non-negative int or 'release', got {iteration!r}")
+    return f"iter_{iteration:07d}"
+
+
+def checkpoint_dir(ckpt_root: str | os.PathLike, iteration: int | str) -> Path:
+    return Path(ckpt_root) / iteration_dir_name(iteration)
+
+
+def latest_iteration(ckpt_root: str | os.PathLike) -> int | None:
+    """The iteration recorded in ``latest_checkpointed_iteration.txt`` (0 for 'release'), or None."""
+    path = Path(ckpt_root) / LATEST_FILE
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    if text == "release":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(f"{path}: expected an iteration number or 'release', got {text[:40]!r}") from None
+
+
+def _latest_dir(root: Path) -> tuple[int, Path]:
+    path = root / LATEST_FILE
+    if not path.exists():
+        raise CheckpointError(f"{path}: not found; {root} holds no checkpoint")
+    it = latest_iteration(root)
+    if path.read_text().strip() == "release":
+        return 0, root / "release"
+    return it, checkpoint_dir(root, it)
+
+
+def read_meta(ckpt_dir: str | os.PathLike) -> dict:
+    path = Path(ckpt_dir) / META_FILE
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (not a complete checkpoint)")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt ({e})") from None
+
+
+def resolve_checkpoint(ckpt_root: str | os.PathLike, iteration: int | None = None) -> tuple[int, Path]:
+    """(iteration, directory) of the latest or the given checkpoint; raises CheckpointError."""
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    if iteration is None:
+        it, d = _latest_dir(root)
+    else:
+        it, d = iteration, checkpoint_dir(root, iteration)
+        if not d.exists() and iteration == 0 and (root / "release").is_dir():
+            d = root / "release"
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: checkpoint directory not found")
+    if not (d / DIST_CKPT_MARKER).exists():
+        raise CheckpointError(f"{d / DIST_CKPT_MARKER}: missing; {d} is not a distributed checkpoint")
+    return it, d
+
+
+def check_files(ckpt_dir: str | os.PathLike) -> None:
+    """Cheap structural check of a torch_dist checkpoint: every data file the index refers to
+    exists and is long enough. Catches missing and truncated shards (a crashed copy, a full
+    disk) before any rank reads, whichever parts each rank would read."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    d = Path(ckpt_dir)
+    index = d / ".metadata"
+    if not index.exists():
+        raise CheckpointError(f"{index}: missing (incomplete checkpoint)")
+    try:
+        storage = FileSystemReader(str(d)).read_metadata().storage_data
+    except Exception as e:  # noqa: BLE001 - unpickling garbage raises anything
+        raise CheckpointError(f"{index}: corrupt ({type(e).__name__}: {e})") from None
+    need: dict[str, int] = {}
+    for info in storage.values():
+        end = int(info.offset) + int(info.length)
+        need[info.relative_path] = max(need.get(info.relative_path, 0), end)
+    for rel, end in sorted(need.items()):
+        path = d / rel
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (listed in {index.name})")
+        size = path.stat().st_size
+        if size < end:
+            raise CheckpointError(f"{path}: truncated ({size} bytes, the index needs {end})")
+
+
+# ----------------------------------------------------------------------------------------------
+def _sharded_metadata() -> dict:
+    """The flags megatron-core's sharded_state_dict() methods read (same as Megatron-LM's)."""
+    return {
+        "distrib_optim_sharding_type": "fully_reshardable",
+        "singleton_local_shards": False,
+        "chained_optim_avoid_prefix": True,
+    }
+
+
+def _with_groups(metadata: dict) -> dict:
+    from megatron.core import parallel_state as ps
+
+    return {**metadata, "dp_cp_group": ps.get_data_parallel_group(with_context_parallel=True)}
+
+
+def _model_state(model_chunks, metadata: dict) -> dict:
+    from megatron_rl.bridge.base import unwrap
+
+    state = {}
+    for i, chunk in enumerate(model_chunks):
+        key = "model" if len(model_chunks) == 1 else f"model{i}"
+        state[key] = unwrap(chunk).sharded_state_dict(metadata=metadata)
+    return state
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_tree(path: Path) -> None:
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _hf_config_dict(hf_config) -> dict | None:
+    if hf_config is None:
+        return None
+    if isinstance(hf_config, dict):
+        return hf_config
+    return hf_config.to_dict()
+
+
+def _params_dtype(model_chunks) -> str:
+    from megatron_rl.bridge.base import unwrap
+
+    return str(unwrap(model_chunks[0]).config.params_dtype).removeprefix("torch.")
+
+
+def _parallel_meta(model_chunks) -> dict:
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "vpp": len(model_chunks) if len(model_chunks) > 1 else None,
+        "dp": ps.get_data_parallel_world_size(),
+        "world_size": _world(),
+    }
+
+
+def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, optimizer=None,
+                    opt_param_scheduler=None, extra: dict | None = None, hf_config=None, *,
+                    hf_assets_dir: str | os.PathLike | None = None) -> str:
+    """Save model (+ optimizer, scheduler, per-rank `extra`) as ``<root>/iter_XXXXXXX``; returns it.
+
+    `hf_config` (a transformers config or its dict) goes into meta.json so the checkpoint can be
+    exported to HF without other inputs; `hf_assets_dir` (an HF model dir) contributes its
+    config/tokenizer/generation files. Collective.
+    """
+    from megatron.core import dist_checkpointing
+
+    root = Path(ckpt_root)
+    final = checkpoint_dir(root, iteration)
+    tmp = root / f".{final.name}.tmp"
+    rank = _rank()
+    error: list[str] = [""]
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        except OSError as e:
+            error[0] = f"cannot create {tmp}: {e}"
+    _raise_if_any(error[0])
+
+    metadata = _sharded_metadata()
+    state: dict[str, Any] = _model_state(model_chunks, _with_groups(metadata))
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=False, metadata=_with_groups(metadata))
+    if opt_param_scheduler is not None:
+        state["opt_param_scheduler"] = opt_param_scheduler.state_dict()
+    state["iteration"] = iteration
+    dist_checkpointing.save(state, str(tmp), content_metadata=metadata)
+
+    (tmp / EXTRA_DIR).mkdir(exist_ok=True)
+    extra_path = tmp / EXTRA_DIR / f"rank_{rank:05d}.pt"
+    torch.save(dict(extra or {}), extra_path)
+    with open(extra_path, "rb") as f:
+        os.fsync(f.fileno())
+    _barrier()
+
+    if rank == 0:
+        try:
+            from megatron_rl.bridge.registry import bridge_name_for
+
+            cfg = _hf_config_dict(hf_config)
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "iteration": iteration,
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **_parallel_meta(model_chunks),
+                "num_model_chunks": len(model_chunks),
+                "params_dtype": _params_dtype(model_chunks),
+                "has_optimizer": optimizer is not None,
+                "has_scheduler": opt_param_scheduler is not None,
+                "bridge": bridge_name_for(cfg.get("model_type")) if cfg else None,
+                "hf_config": cfg,
+            }
+            if hf_assets_dir is not None:
+                copy_hf_assets(hf_assets_dir, tmp / HF_ASSETS_DIR)
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+            _fsync_tree(tmp)
+            if final.exists():  # re-saving an iteration: move the old one aside first
+                old = root / f".{final.name}.old"
+                if old.exists():
+                    shutil.rmtree(old)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(root)
+            write_text_atomic(root / LATEST_FILE, str(iteration) if iteration != "release" else "release")
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank below
+            error[0] = f"finalising {final} failed: {type(e).__name__}: {e}"
+    _raise_if_any(error[0])
+    return str(final)
+
+
+def _raise_if_any(msg: str) -> None:
+    """Rank 0 decides; every rank raises the same error (no rank is left waiting in a barrier)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [msg]
+        dist.broadcast_object_list(box, src=0)
+        msg = box[0]
+    if msg:
+        raise CheckpointError(msg)
+
+
+def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> list[str]:
+    """Copy the HF config/tokenizer/generation files that exist in `src_dir`; returns their names."""
+    src, dst = Path(src_dir), Path(dst_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in HF_ASSET_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, opt_param_scheduler=None,
+                    iteration: int | None = None, load_optimizer: bool = True) -> dict:
+    """Load the latest (or given) checkpoint into `model_chunks` (+ optimizer/scheduler).
+
+    The current TP/PP may differ from the saved one. Returns this rank's `extra` dict with
+    ``iteration`` added. Raises CheckpointError (naming the file) when the checkpoint is
+    missing or corrupt, or when optimizer state is requested from a weights-only checkpoint.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron_rl.bridge.base import unwrap
+
+    it, d = resolve_checkpoint(ckpt_root, iteration)
+    meta = read_meta(d)
+    want_optimizer = optimizer is not None and load_optimizer
+    if want_optimizer and not meta.get("has_optimizer", False):
+        raise CheckpointError(f"{d}: has no optimizer state (saved without one, e.g. by hf-to-mcore); "
+                              f"pass load_optimizer=False to load the weights only")
+    check_files(d)
+    try:
+        saved_metadata = dist_checkpointing.load_content_metadata(str(d)) or _sharded_metadata()
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{d / '.metadata'}: unreadable checkpoint metadata ({e})") from None
+    metadata = _with_groups(saved_metadata)
+    state: dict[str, Any] = _model_state(model_chunks, metadata)
+    if want_optimizer:
+        _allocate_fresh_optimizer_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
+    try:
+        loaded = dist_checkpointing.load(state, str(d))
+    except Exception as e:  # noqa: BLE001 - dist-ckpt raises many types for bad files
+        raise CheckpointError(f"{d}: cannot load distributed checkpoint ({type(e).__name__}: {e})") from e
+    for i, chunk in enumerate(model_chunks):
+        key = "model" if len(model_chunks) == 1 else f"model{i}"
+        unwrap(chunk).load_state_dict(loaded[key], strict=True)
+    if want_optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_adam_steps(optimizer)
+    if opt_param_scheduler is not None and load_optimizer:
+        if "opt_param_scheduler" not in loaded:
+            raise CheckpointError(f"{d}: has no scheduler state; pass load_optimizer=False")
+        opt_param_scheduler.load_state_dict(loaded["opt_param_scheduler"])
+
+    result = _load_extra(d, meta)
+    result["iteration"] = it
+    return result
+
+
+def _allocate_fresh_optimizer_state(optimizer) -> None:
+    """Give a never-stepped DistributedOptimizer its Adam state before a load.
+
+    megatron-core 0.19 without TransformerEngine/Apex uses torch Adam, and
+    ``DistributedOptimizer.state_dict()`` (called by ``sharded_state_dict(is_loading=True)``)
+    asserts that every param state has a ``step``; a fresh optimizer has no state at all, so
+    resuming fails. Allocating the state (its own ``init_state_fn``) with step 0 fixes that; the
+    checkpoint overwrites all of it, step included.
+    """
+    from megatron.core.optimizer import distrib_optimizer as dopt
+
+    if dopt.HAVE_APEX_OR_TE:
+        return
+    _patch_torch_adam_step_restore()
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(opt, dopt.DistributedOptimizer):
+            continue
+        inner = opt.optimizer
+        if any("step" in s for s in inner.state.values()):
+            continue
+        if getattr(opt, "init_state_fn", None) is not None:
+            opt.init_state_fn(inner, opt.config)
+        for group in inner.param_groups:
+            for p in group["params"]:
+                inner.state[p].setdefault("step", torch.tensor(0.0))
+
+
+def _unshare_adam_steps(optimizer) -> None:
+    """Give every param its own torch-Adam ``step`` tensor after a load.
+
+    megatron-core 0.19's DistributedOptimizer.load_state_dict (torch Adam path) assigns one
+    ``step`` tensor object to all params; torch Adam increments each param's step in place, so a
+    shared tensor advances once per parameter per iteration and the bias correction goes wrong
+    after resuming. Cloning restores one counter per param (same value).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for st in inner.state.values():
+            step = st.get("step")
+            if isinstance(step, torch.Tensor):
+                st["step"] = step.clone()
+
+
+class _NoneForMissing(dict):
+    def __missing__(self, key):
+        return None
+
+
+def _patch_torch_adam_step_restore() -> None:
+    """Fix for megatron-core 0.19 + torch Adam (no TE/Apex): fully_reshardable optimizer loads.
+
+    ``DistributedOptimizer._set_main_param_and_optimizer_states`` copies every tensor of the
+    param's optimizer state from the loaded ``tensors`` dict, but the loader deliberately leaves
+    torch Adam's ``step`` out of that dict (``step`` is restored separately from the param groups),
+    so the copy raises ``KeyError: 'step'``. The method already skips non-tensor entries; passing a
+    dict that yields None for absent keys makes it skip ``step`` as intended. Idempotent.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(original, "_skips_missing_keys", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        return original(self, model_param, _NoneForMissing(tensors))
+
+    set_states._skips_missing_keys = True
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
+
+def _load_extra(d: Path, meta: dict) -> dict:
+    rank = _rank()
+    same_world = meta.get("world_size") == _world()
+    path = d / EXTRA_DIR / f"rank_{rank if same_world else 0:05d}.pt"
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (incomplete checkpoint)")
+    try:
+        extra = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{path}: corrupt ({type(e).__name__}: {e})") from None
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"{path}: expected a dict, got {type(extra).__name__}")
+    return extra

@@ -1,0 +1,491 @@
+"""The embedded rollout engine: an HF transformers causal LM with batched, KV-cached generation.
+
+It exists for one machine and for CI, behind the SGLang HTTP subset (`embedded_server.py`). This
+module holds the engine itself, independent of HTTP:
+
+* a scheduler thread collects waiting requests into waves (up to `max_batch_size`), left-pads them,
+  prefills once and decodes step by step with ``past_key_values``; finished rows leave the KV cache;
+* per-request sampling and logprobs (`sampling.py`, SGLang semantics);
+* SGLang control semantics: pause (``abort`` ends in-flight requests with finish reason abort;
+  ``in_place``/``retract`` freeze them until continue), flush refused unless idle, memory
+  release/resume by tag (weights, kv_cache);
+* atomic weight updates by HF name: buckets of one update are staged (copied into engine memory) and
+  committed together, bumping the weight version, only when the final bucket arrives. A failed or
+  partial update never touches the serving weights or the version.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .sampling import RequestSampling, sample
+
+log = logging.getLogger(__name__)
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+PAUSE_MODES = ("abort", "in_place", "retract")
+
+
+class EngineStateError(RuntimeError):
+    """The request is valid but the engine's state refuses it (busy, paused, memory released...)."""
+
+
+class WeightUpdateError(ValueError):
+    """A weight update was rejected; the staged update (if any) was discarded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddedEngineConfig:
+    max_batch_size: int = 32
+    default_max_new_tokens: int = 128
+    weight_version: str = "0"
+    seed: int | None = None          # base seed for requests without sampling_seed
+    context_length: int | None = None  # default: the model's max_position_embeddings
+
+
+@dataclasses.dataclass
+class GenRequest:
+    rid: str
+    prompt: list[int]
+    sampling: RequestSampling
+    return_logprob: bool
+    on_done: Callable[[dict], None]
+    generator: torch.Generator | None = None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish: dict | None = None
+    abort_message: str | None = None
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass
+class _StagedUpdate:
+    update_id: str
+    tensors: dict[str, torch.Tensor]
+
+
+class EmbeddedEngine:
+    def __init__(self, model: torch.nn.Module, config: EmbeddedEngineConfig | None = None, *,
+                 tokenizer: Any = None, model_path: str | None = None):
+        self.model = model.eval()
+        self.config = config or EmbeddedEngineConfig()
+        if self.config.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.config.max_batch_size}")
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        hf = model.config
+        self.vocab_size = int(hf.vocab_size)
+        self.context_length = int(self.config.context_length or getattr(hf, "max_position_embeddings", 32768))
+        self.eos_ids = _eos_ids(model)
+        self.device = next(model.parameters()).device
+        self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._weight_version = str(self.config.weight_version)
+        self._seed_rng = torch.Generator().manual_seed(self.config.seed) if self.config.seed is not None else None
+
+        self._cv = threading.Condition()
+        self._model_lock = threading.RLock()
+        self._waiting: collections.deque[GenRequest] = collections.deque()
+        self._running: list[GenRequest] = []
+        self._paused: str | None = None
+        self._stop = False
+        self._released: set[str] = set()
+        self._staged: _StagedUpdate | None = None
+        self._staged_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="embedded-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stop = True
+            for r in list(self._waiting) + list(self._running):
+                r.abort_message = "engine shutting down"
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._cv:
+            for r in list(self._waiting):
+                self._finish(r, {"type": "abort", "message": "engine shutting down"})
+            self._waiting.clear()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    # ------------------------------------------------------------------ state queries
+
+    @property
+    def weight_version(self) -> str:
+        return self._weight_version
+
+    @property
+    def paused(self) -> str | None:
+        return self._paused
+
+    @property
+    def released_tags(self) -> list[str]:
+        return sorted(self._released)
+
+    def is_idle(self) -> bool:
+        with self._cv:
+            return not self._waiting and not self._running
+
+    def load(self) -> dict:
+        with self._cv:
+            return {"running": len(self._running), "waiting": len(self._waiting)}
+
+    # ------------------------------------------------------------------ requests
+
+    def new_request(self, prompt: list[int], sampling: RequestSampling, *, return_logprob: bool,
+                    on_done: Callable[[dict], None], rid: str | None = None) -> GenRequest:
+        if not prompt:
+            raise ValueError("input_ids is empty")
+        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids contains {len(bad)} token(s) outside [0, {self.vocab_size}), e.g. {bad[0]!r}")
+        if len(prompt) >= self.context_length:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context length {self.context_length}")
+        return GenRequest(rid=rid or uuid.uuid4().hex, prompt=list(prompt), sampling=sampling,
+                          return_logprob=return_logprob, on_done=on_done)
+
+    def submit(self, req: GenRequest) -> None:
+        if self.error is not None:
+            raise EngineStateError(f"engine failed earlier: {self.error!r}")
+        if self._released & {"weights", "kv_cache"}:
+            raise EngineStateError(
+                f"memory is released ({', '.join(sorted(self._released))}); call /resume_memory_occupation first")
+        seed = req.sampling.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng).item()) if self._seed_rng is not None \
+                else secrets.randbits(62)
+        req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if req.sampling.max_new_tokens == 0:
+            self._finish(req, {"type": "length", "length": 0})
+            return
+        with self._cv:
+            if self._stop:
+                raise EngineStateError("engine is shutting down")
+            self._waiting.append(req)
+            self._cv.notify_all()
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> int:
+        """Abort one request by id, or all; returns how many were found."""
+        n = 0
+        with self._cv:
+            for r in list(self._waiting):
+                if abort_all or r.rid == rid:
+                    self._waiting.remove(r)
+                    self._finish(r, {"type": "abort", "message": "aborted by request"})
+                    n += 1
+            for r in self._running:
+                if abort_all or r.rid == rid:
+                    r.abort_message = "aborted by request"
+                    n += 1
+            self._cv.notify_all()
+        return n
+
+    def pause(self, mode: str = "abort") -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        with self._cv:
+            self._paused = mode
+            if mode == "abort":
+                for r in list(self._waiting):
+                    self._finish(r, {"type": "abort", "message": "generation paused"})
+                self._waiting.clear()
+                for r in self._running:
+                    r.abort_message = "generation paused"
+            self._cv.notify_all()
+        if mode == "abort":
+            self._wait_until(lambda: not self._running, timeout=300)
+
+    def continue_generation(self) -> None:
+        with self._cv:
+            self._paused = None
+            self._cv.notify_all()
+
+    def flush_cache(self) -> None:
+        """Drop cached state. KV caches live only within a wave, so this just checks idleness (like SGLang,
+        flushing while requests run or wait is refused)."""
+        if not self.is_idle():
+            raise EngineStateError("cannot flush the cache while requests are running or waiting")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ memory
+
+    def release_memory(self, tags: Iterable[str] | None) -> None:
+        tags = _check_tags(tags)
+        if not self.is_idle():
+            raise EngineStateError("cannot release memory while requests are running or waiting")
+        with self._model_lock:
+            if "weights" in tags and "weights" not in self._released and self.device.type != "cpu":
+                for p in self._unique_tensors():
+                    p.data = p.data.to("cpu")
+            self._released |= set(tags)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume_memory(self, tags: Iterable[str] | None) -> None:
+        tags = _check_tags(tags)
+        with self._model_lock:
+            if "weights" in tags and "weights" in self._released and self.device.type != "cpu":
+                for p in self._unique_tensors():
+                    p.data = p.data.to(self.device)
+            self._released -= set(tags)
+
+    def _unique_tensors(self) -> list[torch.Tensor]:
+        seen, out = set(), []
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, staged: dict | None = None,
+                       weight_version: str | None = None, abort_all_requests: bool = False,
+                       owned: bool = False) -> str:
+        """Stage tensors by HF name; commit when the update is final. Returns a status message.
+
+        Staged tensors are copies unless `owned` (the caller hands over buffers nobody else writes,
+        e.g. freshly received broadcasts) and they already have the parameter's device and dtype.
+        """
+        if "weights" in self._released:
+            raise EngineStateError("weights are released; resume 'weights' before updating them")
+        update_id, final, total = _parse_staged(staged)
+        with self._staged_lock:
+            if self._staged is not None and self._staged.update_id != update_id:
+                log.warning("discarding unfinished weight update %s (%d tensors staged): update %s started",
+                            self._staged.update_id, len(self._staged.tensors), update_id)
+                self._staged = None
+            if self._staged is None:
+                self._staged = _StagedUpdate(update_id, {})
+            try:
+                devices = {self.device}
+                for name, t in named_tensors:
+                    self._stage_one(name, t, owned)
+                    devices.add(t.device)
+                # The sources may be the sender's memory (CUDA IPC): finish reading before answering.
+                for dev in devices:
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                if not final:
+                    return f"staged {len(self._staged.tensors)} tensors of update {update_id}"
+                if total is not None and total != len(self._staged.tensors):
+                    raise WeightUpdateError(f"update {update_id} was declared with {total} tensors but "
+                                            f"{len(self._staged.tensors)} arrived; nothing was applied")
+                update, self._staged = self._staged, None
+            except BaseException:
+                self._staged = None
+                raise
+        if abort_all_requests:
+            self.abort(abort_all=True)
+        with self._model_lock, torch.no_grad():
+            for name, t in update.tensors.items():
+                self._params[name].data.copy_(t)
+            if weight_version is not None:
+                self._weight_version = str(weight_version)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return f"applied {len(update.tensors)} tensors; weight version {self._weight_version}"
+
+    def discard_staged(self) -> None:
+        with self._staged_lock:
+            self._staged = None
+
+    def _stage_one(self, name: str, t: torch.Tensor, owned: bool = False) -> None:
+        assert self._staged is not None
+        p = self._params.get(name)
+        if p is None:
+            raise WeightUpdateError(f"unknown parameter {name!r} (engine model has e.g. {next(iter(self._params))!r})")
+        if tuple(t.shape) != tuple(p.shape):
+            raise WeightUpdateError(f"parameter {name!r}: shape {tuple(t.shape)} does not match the model's {tuple(p.shape)}")
+        if t.dtype.is_floating_point != p.dtype.is_floating_point:
+            raise WeightUpdateError(f"parameter {name!r}: dtype {t.dtype} cannot be loaded into {p.dtype}")
+        if name in self._staged.tensors:
+            raise WeightUpdateError(f"parameter {name!r} was sent twice in update {self._staged.update_id}")
+        self._staged.tensors[name] = t.to(device=self.device, dtype=p.dtype, copy=not owned)
+
+    # ------------------------------------------------------------------ scheduler
+
+    def _wait_until(self, cond: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not cond():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineStateError("timed out waiting for in-flight requests to stop")
+                self._cv.wait(timeout=min(left, 0.5))
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._stop and (self._paused is not None or not self._waiting):
+                        self._cv.wait(timeout=1.0)
+                    if self._stop:
+                        return
+                    wave = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.config.max_batch_size))]
+                    self._running = list(wave)
+                try:
+                    self._run_wave(wave)
+                finally:
+                    with self._cv:
+                        for r in self._running:
+                            if r.finish is None:
+                                self._finish(r, {"type": "abort", "message": "engine error"})
+                        self._running = []
+                        self._cv.notify_all()
+        except BaseException as e:  # surfaced through /health and every later request
+            log.exception("embedded engine scheduler crashed")
+            self.error = e
+            with self._cv:
+                for r in list(self._waiting):
+                    self._finish(r, {"type": "abort", "message": f"engine error: {e!r}"})
+                self._waiting.clear()
+
+    def _check_controls(self, active: list[GenRequest]) -> bool:
+        """Between steps: apply aborts, hold still while paused in place. False when the engine stops."""
+        with self._cv:
+            while True:
+                for r in active:
+                    if r.abort_message and r.finish is None:
+                        self._finish(r, {"type": "abort", "message": r.abort_message})
+                if self._stop:
+                    return False
+                if self._paused in ("in_place", "retract") and any(r.finish is None for r in active):
+                    self._cv.wait(timeout=0.5)
+                    continue
+                return True
+
+    @torch.no_grad()
+    def _run_wave(self, wave: list[GenRequest]) -> None:
+        dev = self.device
+        max_len = max(len(r.prompt) for r in wave)
+        ids = torch.zeros(len(wave), max_len, dtype=torch.long)
+        mask = torch.zeros(len(wave), max_len, dtype=torch.long)
+        for i, r in enumerate(wave):
+            ids[i, max_len - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, max_len - len(r.prompt):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        active = list(wave)
+        step_ids, step_pos = ids, pos
+        while active:
+            if not self._check_controls(active):
+                return
+            keep = [i for i, r in enumerate(active) if r.finish is None]
+            if len(keep) < len(active):
+                if not keep:
+                    return
+                idx = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(idx)
+                mask, step_ids, step_pos = mask[idx], step_ids[idx], step_pos[idx]
+                active = [active[i] for i in keep]
+            with self._model_lock:
+                if "weights" in self._released:
+                    raise EngineStateError("weights were released during generation")
+                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1, :].float()
+            tokens, lps = sample(logits, [r.sampling for r in active], [r.generator for r in active])
+            tokens_l, lps_l = tokens.tolist(), lps.tolist()
+            with self._cv:
+                for r, t, lp in zip(active, tokens_l, lps_l):
+                    r.tokens.append(int(t))
+                    r.logprobs.append(float(lp))
+                    reason = self._stop_reason(r, int(t))
+                    if reason is not None:
+                        self._finish(r, reason)
+            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype, device=dev)], dim=1)
+            step_pos = step_pos[:, -1:] + 1
+            step_ids = tokens.view(-1, 1)
+
+    def _stop_reason(self, r: GenRequest, t: int) -> dict | None:
+        if not r.sampling.ignore_eos and t in self.eos_ids:
+            return {"type": "stop", "matched": t}
+        if t in r.sampling.stop_token_ids:
+            return {"type": "stop", "matched": t}
+        if r.sampling.stop_strings and self.tokenizer is not None:
+            tail = self.tokenizer.decode(r.tokens[-64:])
+            for s in r.sampling.stop_strings:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+        if len(r.tokens) >= r.sampling.max_new_tokens:
+            return {"type": "length", "length": r.sampling.max_new_tokens}
+        if len(r.prompt) + len(r.tokens) >= self.context_length:
+            return {"type": "length", "length": len(r.tokens)}
+        return None
+
+    def _finish(self, r: GenRequest, reason: dict) -> None:
+        if r.finish is not None:
+            return
+        r.finish = reason
+        meta: dict[str, Any] = {
+            "id": r.rid, "finish_reason": reason, "prompt_tokens": len(r.prompt),
+            "completion_tokens": len(r.tokens), "cached_tokens": 0, "weight_version": self._weight_version,
+            "e2e_latency": time.monotonic() - r.started,
+        }
+        if r.return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.logprobs, r.tokens)]
+        text = ""
+        if self.tokenizer is not None:
+            try:
+                text = self.tokenizer.decode(r.tokens)
+            except Exception:
+                text = ""
+        try:
+            r.on_done({"text": text, "output_ids": list(r.tokens), "meta_info": meta})
+        except Exception:
+            log.exception("request %s completion callback failed", r.rid)
+
+
+def _eos_ids(model) -> frozenset[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        v = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    return frozenset(ids)
+
+
+def _check_tags(tags: Iterable[str] | None) -> list[str]:
+    if tags is None:
+        return list(MEMORY_TAGS)
+    tags = list(tags)
+    bad = [t for t in tags if t not in MEMORY_TAGS]
+    if bad:
+        raise ValueError(f"unknown memory tag(s) {bad}; known: {list(MEMORY_TAGS)}")
+    return tags
+
+
+def _parse_staged(staged: dict | None) -> tuple[str, bool, int | None]:
+    if staged is None:
+        return uuid.uuid4().hex, True, None
+    if not isinstance(staged, dict) or not isinstance(staged.get("update_id"), str) or not staged["update_id"]:
+        raise WeightUpdateError(f"'staged' must be {{'update_id': str, 'final': bool, 'total_tensors': int}}, got {staged!r}")
+    total = staged.get("total_tensors")
+    if total is not None and (not isinstance(total, int) or total < 0):
+        raise WeightUpdateError(f"staged.total_tensors must be a non-negative int, got {total!r}")
+    return staged["update_id"], bool(staged.get("final", True)), total

@@ -1,0 +1,144 @@
+"""Token sampling and rollout log-probabilities with SGLang's semantics (the embedded engine uses this).
+
+Log-probability semantics (SGLang's default ``Sampler``, i.e. without ``SGLANG_RETURN_ORIGINAL_LOGPROB``):
+
+    logprob(token) = log_softmax(logits / temperature)[token]
+
+computed from the temperature-scaled distribution *before* top-k / top-p / min-p filtering; the
+filters only change which token is drawn, not the reported number. Greedy requests (temperature
+below 1e-6) use temperature 1, i.e. the plain model log-probabilities. Consequently:
+* at temperature 1 the rollout logprob equals the trainer's ``log_softmax(logits)``;
+* at temperature T the trainer reproduces it by dividing its logits by T.
+
+Filtering order follows SGLang (flashinfer's renorm kernels): top-k and renormalise, then top-p (keep
+the smallest prefix of the sorted distribution whose mass reaches top_p; the most likely token always
+survives), then min-p (drop tokens below ``min_p * p_max``). Each request draws from its own seeded ``torch.Generator``, so a
+seeded request is reproducible whatever else shares its batch (given identical logits).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+SAMPLING_EPS = 1e-6
+
+
+class SamplingParamError(ValueError):
+    """A sampling parameter is out of range; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSampling:
+    temperature: float
+    top_p: float
+    top_k: int           # -1 = disabled
+    min_p: float
+    max_new_tokens: int
+    stop_token_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    ignore_eos: bool
+    seed: int | None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    @staticmethod
+    def from_sglang(d: dict[str, Any] | None, *, default_max_new_tokens: int = 128) -> "RequestSampling":
+        d = dict(d or {})
+
+        def num(key, default, cast):
+            v = d.get(key, default)
+            if v is None:
+                v = default
+            try:
+                return cast(v)
+            except (TypeError, ValueError):
+                raise SamplingParamError(f"sampling_params.{key}={v!r} is not a number") from None
+
+        temperature = num("temperature", 1.0, float)
+        top_p = num("top_p", 1.0, float)
+        top_k = num("top_k", -1, int)
+        min_p = num("min_p", 0.0, float)
+        max_new = num("max_new_tokens", default_max_new_tokens, int)
+        if not temperature >= 0.0:
+            raise SamplingParamError(f"sampling_params.temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise SamplingParamError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+        if top_k == 0 or top_k < -1:
+            raise SamplingParamError(f"sampling_params.top_k must be -1 (disabled) or >= 1, got {top_k}")
+        if not 0.0 <= min_p <= 1.0:
+            raise SamplingParamError(f"sampling_params.min_p must be in [0, 1], got {min_p}")
+        if max_new < 0:
+            raise SamplingParamError(f"sampling_params.max_new_tokens must be >= 0, got {max_new}")
+        stop_ids = d.get("stop_token_ids") or []
+        if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in stop_ids):
+            raise SamplingParamError(f"sampling_params.stop_token_ids must be a list of ints, got {stop_ids!r}")
+        stop = d.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise SamplingParamError(f"sampling_params.stop must be a string or a list of strings, got {stop!r}")
+        seed = d.get("sampling_seed", d.get("seed"))
+        if seed is not None:
+            try:
+                seed = int(seed)
+            except (TypeError, ValueError):
+                raise SamplingParamError(f"sampling_params.sampling_seed={seed!r} is not an integer") from None
+        return RequestSampling(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_new_tokens=max_new,
+                               stop_token_ids=frozenset(int(t) for t in stop_ids),
+                               stop_strings=tuple(s for s in stop if s), ignore_eos=bool(d.get("ignore_eos", False)),
+                               seed=seed)
+
+
+def rollout_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """[B, V] logits, [B] temperatures -> [B, V] log-probabilities (greedy rows use temperature 1)."""
+    t = torch.where(temperatures < SAMPLING_EPS, torch.ones_like(temperatures), temperatures)
+    return torch.log_softmax(logits.float() / t.unsqueeze(-1).float(), dim=-1)
+
+
+def filtered_probs(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Sampling weights after top-k / top-p / min-p (unnormalised; every row keeps its top token)."""
+    probs = logprobs.exp()
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    vocab = probs.shape[-1]
+    k = torch.where(top_k < 1, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
+    rank = torch.arange(vocab, device=probs.device).unsqueeze(0)
+    sorted_p = sorted_p.masked_fill(rank >= k.unsqueeze(-1), 0.0)
+    sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(sorted_p.dtype).tiny)
+    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
+    sorted_p = sorted_p.masked_fill(mass_before > top_p.unsqueeze(-1).to(sorted_p.dtype), 0.0)
+    floor = sorted_p[:, :1] * min_p.unsqueeze(-1).to(sorted_p.dtype)
+    sorted_p = sorted_p.masked_fill(sorted_p < floor, 0.0)
+    sorted_p[:, 0] = torch.where(sorted_p[:, 0] > 0, sorted_p[:, 0], torch.ones_like(sorted_p[:, 0]))
+    return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+
+
+def sample(logits: torch.Tensor, params: list[RequestSampling], generators: list[torch.Generator]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step for a batch: returns (tokens [B], logprobs of those tokens [B])."""
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
+    logprobs = rollout_logprobs(logits, temps)
+    tokens = torch.empty(len(params), dtype=torch.long, device=device)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    stochastic = [i for i, p in enumerate(params) if not p.greedy]
+    if greedy:
+        g = torch.tensor(greedy, device=device)
+        tokens[g] = logprobs[g].argmax(dim=-1)
+    if stochastic:
+        s = torch.tensor(stochastic, device=device)
+        sub = [params[i] for i in stochastic]
+        weights = filtered_probs(
+            logprobs[s],
+            torch.tensor([p.top_k for p in sub], device=device),
+            torch.tensor([p.top_p for p in sub], device=device),
+            torch.tensor([p.min_p for p in sub], device=device),
+        )
+        for row, i in enumerate(stochastic):
+            tokens[i] = torch.multinomial(weights[row], 1, generator=generators[i])[0]
+    picked = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, picked

@@ -1,0 +1,62 @@
+"""cuda backend on a real GPU (skipped without one): a correct CUDA kernel passes, ATen inside CUDA C++ is
+caught, and glue-only candidates (no kernel of their own) are cheating. bench/verifier_cuda_redteam.py has
+the full CUDA red-team."""
+import pytest
+
+from verifier.config import VerifierConfig
+from verifier.evaluate import verify
+from verifier.tasks import load_task
+from verifier.types import Category
+
+from .candidates import task_path
+
+pytestmark = pytest.mark.gpu
+
+CUDA = r'''
+#include <ATen/cuda/CUDAContext.h>
+__global__ void add_kernel(const float* a, const float* b, float* o, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) o[i] = a[i] + b[i];
+}
+torch::Tensor add(torch::Tensor a, torch::Tensor b) {
+  auto o = torch::empty_like(a);
+  add_kernel<<<(a.numel() + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      a.data_ptr<float>(), b.data_ptr<float>(), o.data_ptr<float>(), a.numel());
+  return o;
+}
+torch::Tensor aten_add(torch::Tensor a, torch::Tensor b) { return at::add(a, b); }
+'''
+
+HEADER = f'''```python
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+SRC = r"""{CUDA}"""
+ext = load_inline(name="gpu_test_add", cpp_sources="torch::Tensor add(torch::Tensor a, torch::Tensor b);\\n"
+                  "torch::Tensor aten_add(torch::Tensor a, torch::Tensor b);", cuda_sources=SRC,
+                  functions=["add", "aten_add"])
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return {{expr}}
+```'''
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    return VerifierConfig(backend="cuda", build_cache_dir=str(tmp_path_factory.mktemp("gpu-cache")),
+                          num_timing_trials=10)
+
+
+@pytest.mark.parametrize("expr,category,rule", [
+    ("ext.add(a, b)", Category.PASS, None),
+    ("ext.aten_add(a, b)", Category.CHEATING, "forbidden_op"),
+    ("torch.empty_like(a).copy_(a)", Category.CHEATING, "no_device_kernel"),
+])
+def test_cuda_verdicts(cfg, expr, category, rule):
+    r = verify(load_task(task_path("elementwise_add")), HEADER.replace("{expr}", expr), cfg)
+    assert r.category == category, (r.feedback, r.details.get("traceback"))
+    assert r.rule == rule
+    if category == Category.PASS:
+        assert r.q == 1.0 and r.speedup > 0 and r.device_name

@@ -1,0 +1,31 @@
+"""Untrusted child messages: malformed fields become protocol errors (-> runtime_error), never crashes."""
+import pytest
+
+from verifier.correctness import same_structure
+from verifier.evaluate import _TRIAL_FIELDS, _checked
+from verifier.sandbox import ProtocolError
+
+
+@pytest.mark.parametrize("msg", [
+    {"op": "trial_done", "n_outputs": "3"},
+    {"op": "trial_done", "aten_ops": {"relu": "many"}},
+    {"op": "trial_done", "aten_ops": ["relu"]},
+    {"op": "trial_done", "values": [1, 2]},
+    {"op": "trial_done", "file": 7},
+])
+def test_malformed_trial_reports_are_protocol_errors(msg):
+    with pytest.raises(ProtocolError):
+        _checked(msg, _TRIAL_FIELDS)
+
+
+def test_well_formed_report_passes():
+    msg = {"op": "trial_done", "file": "/x/outputs/out1.safetensors", "spec": "leaf", "n_outputs": 1, "values": {},
+           "types": ["Tensor"], "subclass_outputs": [], "devices": ["cpu"], "aliases_input": False,
+           "inputs_modified": False, "aten_ops": {"empty_like": 1}, "device_kernels": {}, "timer_patched": []}
+    assert _checked(msg, _TRIAL_FIELDS) is msg
+
+
+@pytest.mark.parametrize("junk", [None, 3, {"seq": "tuple"}, {"seq": "tuple", "items": 5}, {"dict": []}, []])
+def test_structure_comparison_is_total_on_junk(junk):
+    assert same_structure(junk, "leaf") is False
+    assert same_structure(junk, {"seq": "tuple", "items": ["leaf"]}) is False

@@ -1,0 +1,122 @@
+"""The sandbox itself: network, writes, environment, rlimits, process-group kill, crashes, output spam.
+
+Probe children run a snippet after isolation is applied (no torch), so these tests take seconds."""
+import os
+import time
+
+import pytest
+
+from verifier.config import VerifierConfig
+from verifier.devices import get_backend
+from verifier.sandbox import ChildFailed, ChildTimeout, SandboxedChild
+
+
+def probe(tmp_path, code, cfg=None, timeout=30.0):
+    cfg = cfg or VerifierConfig()
+    workdir = tmp_path / "work"
+    workdir.mkdir(exist_ok=True)
+    child = SandboxedChild("probe", {"code": code}, cfg, get_backend("cpu"), str(workdir), [])
+    child.start()
+    msgs = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            msgs.append(child.recv(deadline))
+    except ChildFailed:
+        pass
+    exit_info = child.close()
+    hello, rest = msgs[0], {m["op"]: m for m in msgs[1:]}
+    return hello, rest, exit_info
+
+
+def test_isolation_is_reported_and_network_is_gone(tmp_path):
+    code = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n"
+            "    chan.send({'op': 'net', 'ok': True})\nexcept OSError as e:\n"
+            "    chan.send({'op': 'net', 'ok': False, 'error': str(e)})\n")
+    hello, msgs, _ = probe(tmp_path, code)
+    iso = hello["isolation"]
+    assert iso["network"] in ("netns", "userns+netns") or iso["landlock"].get("tcp_denied"), iso
+    assert iso["rlimits"]["RLIMIT_CORE"] == 0 and iso["no_new_privs"] is True
+    assert msgs["net"]["ok"] is False
+
+
+def test_writes_are_confined_to_the_private_dir(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    code = (f"import os\nres = {{}}\nfor p in ({str(outside / 'x')!r}, os.path.join(os.getcwd(), 'inside')):\n"
+            "    try:\n        open(p, 'w').write('x')\n        res[p] = 'written'\n"
+            "    except OSError as e:\n        res[p] = type(e).__name__\nchan.send({'op': 'w', 'res': res})\n")
+    hello, msgs, _ = probe(tmp_path, code)
+    if not hello["isolation"]["landlock"]["applied"]:
+        pytest.skip(f"landlock unavailable: {hello['isolation']['landlock']}")
+    res = msgs["w"]["res"]
+    assert res[str(outside / "x")] == "PermissionError" and not (outside / "x").exists()
+    assert list(res.values()).count("written") == 1
+
+
+def test_environment_is_scrubbed(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERIFIER_TEST_SECRET_TOKEN", "s3cret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cret")
+    _, msgs, _ = probe(tmp_path, "import os\nchan.send({'op': 'env', 'env': dict(os.environ)})\n")
+    env = msgs["env"]["env"]
+    assert "VERIFIER_TEST_SECRET_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["HOME"].startswith(str(tmp_path)) and env["TMPDIR"].startswith(str(tmp_path))
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["TORCH_EXTENSIONS_DIR"].startswith(str(tmp_path))
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    code = ("import subprocess\np = subprocess.Popen(['sleep', '1000'])\n"
+            "chan.send({'op': 'pid', 'pid': p.pid})\nwhile True:\n    pass\n")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    child = SandboxedChild("probe", {"code": code}, VerifierConfig(), get_backend("cpu"), str(workdir), [])
+    child.start()
+    child.recv(time.monotonic() + 30)  # hello
+    pid = child.recv(time.monotonic() + 30)["pid"]
+    with pytest.raises(ChildTimeout):
+        child.recv(time.monotonic() + 1.0)
+    exit_info = child.close(timed_out=True)
+    assert exit_info.timed_out and exit_info.signal == "SIGKILL"
+    for _ in range(50):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if "State:\tZ" in f.read():
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {pid} survived the timeout kill")
+
+
+def test_crash_is_reported_with_its_signal(tmp_path):
+    _, _, exit_info = probe(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    assert exit_info.signal == "SIGSEGV"
+
+
+def test_output_spam_is_drained_into_a_bounded_tail(tmp_path):
+    cfg = VerifierConfig(max_output_tail_bytes=4096)
+    code = "import sys\nfor _ in range(30):\n    sys.stdout.write('y' * 1_000_000)\nsys.stdout.write('END')\n"
+    _, _, exit_info = probe(tmp_path, code, cfg)
+    assert exit_info.stdout_bytes == 30_000_003
+    assert len(exit_info.stdout_tail) <= 4096 and exit_info.stdout_tail.endswith("END")
+
+
+def test_rlimits_bound_file_size_and_memory(tmp_path):
+    cfg = VerifierConfig(file_size_limit_bytes=1 << 20, memory_limit_bytes=1 << 30)
+    code = ("import os\nres = {}\ntry:\n    open(os.path.join(os.getcwd(), 'big'), 'wb').write(b'0' * (2 << 20))\n"
+            "    res['file'] = 'written'\nexcept OSError as e:\n    res['file'] = e.errno\n"
+            "try:\n    b = bytearray(2 << 30)\n    res['mem'] = 'allocated'\nexcept MemoryError:\n"
+            "    res['mem'] = 'MemoryError'\nchan.send({'op': 'r', 'res': res})\n")
+    _, msgs, _ = probe(tmp_path, code, cfg)
+    import errno
+    assert msgs["r"]["res"] == {"file": errno.EFBIG, "mem": "MemoryError"}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="capabilities are only dropped for root")
+def test_root_child_has_no_capabilities(tmp_path):
+    code = "chan.send({'op': 'caps', 'status': open('/proc/self/status').read()})\n"
+    hello, msgs, _ = probe(tmp_path, code)
+    assert hello["isolation"]["capabilities"] == "dropped"
+    caps = dict(line.split(":\t") for line in msgs["caps"]["status"].splitlines() if line.startswith("Cap"))
+    assert int(caps["CapEff"], 16) == 0 and int(caps["CapBnd"], 16) == 0

@@ -1,0 +1,162 @@
+"""Every knob of one verification: correctness trials and tolerances, timing protocol, sandbox limits.
+
+One typed dataclass so the farm, the CLI and tests configure the verifier the same way. Bad values
+raise ``ValueError`` naming the field at construction time, not deep inside a sandboxed child.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from .types import RewardParams
+
+BACKENDS = ("cpu", "cuda", "musa")
+PRECISIONS = ("float32", "float16", "bfloat16")
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# Modules a candidate may import when the import allowlist (a policy rule) is enforced. Everything
+# a kernel needs: torch (its public API), Triton, the MUSA backend, and small pure-Python helpers.
+DEFAULT_ALLOWED_IMPORTS = (
+    "torch", "triton", "torch_musa", "math", "typing", "functools", "itertools", "operator",
+    "collections", "dataclasses", "enum", "numbers", "warnings", "__future__",
+)
+
+# Environment variables a sandboxed child inherits from the parent (everything else is dropped).
+DEFAULT_ENV_ALLOWLIST = (
+    "PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+    "CUDA_HOME", "CUDA_PATH", "CUDNN_HOME", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
+    "MUSA_HOME", "MUSA_PATH", "CC", "CXX",
+)
+
+
+@dataclasses.dataclass
+class VerifierConfig:
+    backend: str = "cpu"                 # "cpu" | "cuda" | "musa"
+    num_correct_trials: int = 5
+    atol_rtol: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2})
+    precision: str = "float32"           # dtype floating inputs and both models are cast to (KernelBench)
+    num_warmup: int = 3
+    num_timing_trials: int = 20          # median over these
+    time_budget_s: float = 10.0          # stop timing early once this much timing wall time is spent
+    compile_timeout_s: float = 600.0     # total compiler time one candidate may use
+    run_timeout_s: float = 180.0         # wall clock of one sandboxed child after its harness is up
+                                         # (compile time excluded)
+    max_response_bytes: int = 200_000
+    speedup_cap: float = 50.0            # above it the speedup is implausible: cheating
+    compare_torch_compile: bool = False
+    reward: RewardParams = dataclasses.field(default_factory=RewardParams)
+
+    # rlimits of every sandboxed child (per process; children of the child inherit them)
+    cpu_time_limit_s: float = 1800.0
+    memory_limit_bytes: int = 32 * GiB   # RLIMIT_AS on cpu; RLIMIT_DATA on GPU backends (drivers reserve huge VA)
+    file_size_limit_bytes: int = 16 * GiB
+    max_processes: int = 512             # RLIMIT_NPROC headroom over what the user already runs (threads count)
+    max_open_files: int = 4096
+
+    build_cache_dir: str | None = None   # shared build cache (per-candidate records + per-extension artifacts)
+    feedback_max_chars: int = 1500
+
+    # --- additions beyond the farm contract ---
+    max_jobs: int | None = None          # MAX_JOBS for ninja inside compile children (None: torch's default)
+    cuda_arch_list: str = "9.0"          # TORCH_CUDA_ARCH_LIST for builds on GPU-less hosts (H200 = sm_90)
+    musa_arch_list: str = "22;31"        # TORCH_MUSA_ARCH_LIST (mp_22 = S4000, mp_31 = S5000)
+    enforce_policy_rules: bool = True    # static rules that are policy (try/except, import allowlist, ...)
+    disabled_rules: tuple[str, ...] = () # individual policy rules to switch off (security rules cannot be)
+    allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
+    scale_floor: float = 1e-30           # floor of max|ref| in the scale-relative error check
+    num_timing_audits: int = 2           # timed candidate outputs the parent re-checks (picked after the call)
+    cpu_threads: int = 1                 # torch intra-op threads in the child on the cpu backend (fair timing)
+    cpu_flush_bytes: int = 8 * MiB       # cache flush buffer before each timed call on cpu
+    work_dir: str | None = None          # where private per-evaluation dirs are made (default: system temp)
+    network_isolation: bool = True       # new network namespace (or Landlock TCP deny) for every child
+    landlock: bool = True                # confine writes of every child to its private dirs
+    # also writable in children: the CUDA driver writes below /proc/self at init (seen on the H200 machines:
+    # cudaGetDeviceCount fails with error 304 otherwise); /dev/shm for device runtimes' shared memory
+    extra_writable: tuple[str, ...] = ("/proc/self", "/dev/shm")
+    drop_capabilities: bool = True       # children of a root parent run without capabilities
+    env_allowlist: tuple[str, ...] = DEFAULT_ENV_ALLOWLIST
+    max_output_tail_bytes: int = 64 * 1024  # child stdout/stderr kept by the parent (the rest is drained)
+    startup_timeout_s: float = 180.0     # interpreter + torch import + device init of a child (before any
+                                         # candidate code runs); exceeding it is an infra failure
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"VerifierConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"VerifierConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.atol_rtol, dict) or self.precision not in self.atol_rtol:
+            raise ValueError(f"VerifierConfig.atol_rtol needs a tolerance for precision {self.precision!r}, "
+                             f"got {self.atol_rtol!r}")
+        for k, v in self.atol_rtol.items():
+            if k not in PRECISIONS or not isinstance(v, (int, float)) or not (0 < v < 1):
+                raise ValueError(f"VerifierConfig.atol_rtol[{k!r}] must be a dtype in {PRECISIONS} with a "
+                                 f"tolerance in (0, 1), got {v!r}")
+        positive_ints = ("num_correct_trials", "num_timing_trials", "max_response_bytes", "memory_limit_bytes",
+                         "file_size_limit_bytes", "max_processes", "max_open_files", "feedback_max_chars",
+                         "cpu_threads", "max_output_tail_bytes")
+        for name in positive_ints:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"VerifierConfig.{name} must be a positive integer, got {v!r}")
+        for name in ("num_warmup", "num_timing_audits", "cpu_flush_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"VerifierConfig.{name} must be a non-negative integer, got {v!r}")
+        for name in ("time_budget_s", "compile_timeout_s", "run_timeout_s", "speedup_cap", "cpu_time_limit_s",
+                     "scale_floor", "startup_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ValueError(f"VerifierConfig.{name} must be a positive number, got {v!r}")
+        if self.max_jobs is not None and (not isinstance(self.max_jobs, int) or self.max_jobs <= 0):
+            raise ValueError(f"VerifierConfig.max_jobs must be a positive integer or None, got {self.max_jobs!r}")
+        if isinstance(self.reward, dict):
+            self.reward = RewardParams(**self.reward)
+        if not isinstance(self.reward, RewardParams):
+            raise ValueError(f"VerifierConfig.reward must be RewardParams, got {type(self.reward).__name__}")
+        self.disabled_rules = tuple(self.disabled_rules)
+        self.allowed_imports = tuple(self.allowed_imports)
+        self.env_allowlist = tuple(self.env_allowlist)
+        self.extra_writable = tuple(self.extra_writable)
+        from .static_checks import SECURITY_RULES, POLICY_RULES  # late: static_checks imports nothing of ours
+        for rule in self.disabled_rules:
+            if rule in SECURITY_RULES:
+                raise ValueError(f"VerifierConfig.disabled_rules: {rule!r} is a security rule and cannot be "
+                                 f"disabled (policy rules: {sorted(POLICY_RULES)})")
+            if rule not in POLICY_RULES:
+                raise ValueError(f"VerifierConfig.disabled_rules: unknown rule {rule!r} "
+                                 f"(policy rules: {sorted(POLICY_RULES)})")
+        for name in ("build_cache_dir", "work_dir"):
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, os.path.abspath(os.path.expanduser(str(v))))
+
+    @property
+    def tolerance(self) -> float:
+        """atol = rtol for the configured precision (KernelBench convention)."""
+        return float(self.atol_rtol[self.precision])
+
+    def arch_list(self) -> str | None:
+        return {"cuda": self.cuda_arch_list, "musa": self.musa_arch_list}.get(self.backend)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["disabled_rules"] = list(self.disabled_rules)
+        d["allowed_imports"] = list(self.allowed_imports)
+        d["env_allowlist"] = list(self.env_allowlist)
+        d["extra_writable"] = list(self.extra_writable)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "VerifierConfig":
+        """Build from a plain mapping (YAML/JSON); unknown keys are an error, not silently ignored."""
+        if not isinstance(d, dict):
+            raise ValueError(f"verifier config must be a mapping, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown verifier config keys {unknown}; known: {sorted(names)}")
+        return cls(**d)

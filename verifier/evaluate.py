@@ -1,0 +1,534 @@
+"""One candidate end to end: extraction -> static checks -> build -> device stage -> verdict.
+
+The parent (this module) is the only place a verdict is made. It loads the task (trusted), computes the
+reference outputs itself on the same device, keeps the secret seeds, and compares. The sandboxed child
+learns each trial seed only after the candidate is loaded and constructed, creates the inputs with the
+same generator logic (inputs.py), runs ``ModelNew`` and hands back its outputs as safetensors files plus
+small JSON reports; the parent validates paths, sizes, structure, types, shapes and dtypes before it
+compares.
+
+Trust map of the checks:
+- parent-side (security-relevant, decide the verdict): output values/shape/dtype/structure against the
+  parent's own reference (so a candidate can neither see the reference's memory nor influence it),
+  NaN/Inf agreement, scale-relative error, per-call wall-clock bounds on reported times, speedup cap,
+  audits of randomly chosen *timed* outputs (a candidate that behaves differently while timed fails);
+- child-reported (advisory; can only make the verdict stricter): forbidden aten ops and own device
+  kernels seen by the profiler, tensor-subclass outputs, outputs aliasing inputs, inputs modified in place
+  (compared against what the reference does), timer objects replaced after capture.
+"""
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+import traceback
+from typing import Any
+
+from . import feedback
+from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
+from .config import VerifierConfig
+from .correctness import compare_outputs, flatten_outputs, same_structure
+from .devices import DeviceUnavailable, get_backend
+from .extract import FormatError, extract_candidate
+from .fallback import candidate_kernels, forbidden_ops
+from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
+from .static_checks import check_candidate, musa_portability_notes
+from .tasks import Task, load_task_module
+from .timing import TimedCall, implausible_timing, stats
+from .types import Category, VerifyResult, reward_eq2
+
+
+class _Verdict(Exception):
+    """Raised inside the device stage to stop with a verdict."""
+
+    def __init__(self, category: Category, feedback_text: str, rule: str | None = None, **details):
+        super().__init__(feedback_text)
+        self.category, self.feedback_text, self.rule, self.details = category, feedback_text, rule, details
+
+
+def _finish(task: Task, cfg: VerifierConfig, category: Category, feedback_text: str, *, q: float = 0.0,
+            speedup: float | None = None, rule: str | None = None, code: str | None = None,
+            details: dict[str, Any] | None = None, **fields) -> VerifyResult:
+    notes = []
+    if task.train_mode_layers and category in (Category.CORRECTNESS_ERROR, Category.PASS, Category.RUNTIME_ERROR):
+        notes.append(feedback.TRAIN_MODE_NOTE)
+    if cfg.backend == "musa" and code:
+        notes += musa_portability_notes(code)
+    if category != Category.PASS:
+        speedup = None
+        fields["speedup_compile"] = None
+    reward = None if category == Category.INFRA else reward_eq2(category, q, speedup, cfg.reward)
+    return VerifyResult(task_id=task.task_id, category=category, q=q, speedup=speedup, reward=reward,
+                        feedback=feedback.compose(feedback_text, notes, cfg.feedback_max_chars), backend=cfg.backend,
+                        rule=rule, details=details or {}, **fields)
+
+
+def precheck(task: Task, response: str | bytes, cfg: VerifierConfig) -> str | VerifyResult:
+    """Extraction and static rules (no process spawned): the candidate code, or the final verdict."""
+    try:
+        code = extract_candidate(response, cfg.max_response_bytes)
+    except FormatError as e:
+        return _finish(task, cfg, Category.FORMAT_ERROR, feedback.format_error(str(e)))
+    violations = check_candidate(code, cfg)
+    if violations:
+        v = violations[0]
+        text = "; ".join(str(x) for x in violations[:5])
+        return _finish(task, cfg, Category.CHEATING, feedback.cheating(v.rule, text), rule=v.rule, code=code,
+                       details={"violations": [{"rule": x.rule, "line": x.line, "message": x.message}
+                                               for x in violations]})
+    return code
+
+
+def build_failure_result(task: Task, cfg: VerifierConfig, build: BuildResult, code: str) -> VerifyResult:
+    """The verdict for a build that failed: compile_error (compiler log), timeout, or infra."""
+    details = {"build": build.to_dict()}
+    if build.error == "infra":
+        return _finish(task, cfg, Category.INFRA, feedback.infra(build.log_tail[-500:]), details=details,
+                       code_hash=build.code_hash)
+    if build.timed_out or build.error == "timeout":
+        return _finish(task, cfg, Category.TIMEOUT, feedback.timeout("building the extension",
+                                                                     cfg.compile_timeout_s) + "\n" +
+                       build.log_tail[-600:], details=details, code_hash=build.code_hash, code=code)
+    return _finish(task, cfg, Category.COMPILE_ERROR, feedback.compile_error(build.log_tail), details=details,
+                   code_hash=build.code_hash, code=code)
+
+
+def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index: int | None = None) -> VerifyResult:
+    """Always returns a verdict; harness bugs and unavailable devices are ``infra`` with details."""
+    t0 = time.monotonic()
+    try:
+        code = precheck(task, response, cfg)
+        if isinstance(code, VerifyResult):
+            return code
+        build = build_candidate(task, code, cfg)
+        if not build.ok:
+            return build_failure_result(task, cfg, build, code)
+        result = run_candidate(task, code, build, cfg, device_index)
+        result.details.setdefault("build", {"cached": build.cached, "seconds": round(build.seconds, 3),
+                                            "compiled": build.compiled, "extensions": build.extensions})
+        result.details["seconds"] = round(time.monotonic() - t0, 3)
+        return result
+    except Exception as e:  # a bug of ours: never the model's fault
+        return _finish(task, cfg, Category.INFRA, feedback.infra(f"{type(e).__name__}: {e}"),
+                       details={"traceback": traceback.format_exc()[-4000:]})
+
+
+_TRIAL_FIELDS = {"file": str, "spec": (str, dict), "n_outputs": int, "values": dict, "types": list,
+                 "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
+                 "aten_ops": dict, "device_kernels": dict, "timer_patched": list}
+
+
+def _checked(msg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """Reject a child message whose fields have the wrong types: after the candidate is loaded the child
+    is untrusted, and malformed data must become a runtime error of the candidate, never a harness crash
+    (which would be retried as infra)."""
+    for key, typ in fields.items():
+        if key in msg and not isinstance(msg[key], typ):
+            raise ProtocolError(f"malformed field {key!r} in a {msg.get('op')!r} message")
+    for key in ("aten_ops", "device_kernels"):
+        counts = msg.get(key)
+        if isinstance(counts, dict) and not all(isinstance(k, str) and isinstance(v, int) for k, v in counts.items()):
+            raise ProtocolError(f"malformed counts in {key!r}")
+    return msg
+
+
+class _Conversation:
+    """Requests to the run child; serves its load_inline requests in between (time spent compiling
+    extends the deadline: compiles have their own budget)."""
+
+    def __init__(self, child: SandboxedChild, service: ExtensionService, timeout_s: float):
+        self.child, self.service = child, service
+        self.deadline = time.monotonic() + timeout_s
+
+    def expect(self) -> dict[str, Any]:
+        while True:
+            msg = self.child.recv(self.deadline)
+            if msg["op"] == "ext_request":
+                before = self.service.seconds
+                reply = self.service.handle(msg)
+                self.deadline += self.service.seconds - before
+                self.child.send(reply)
+                continue
+            return msg
+
+    def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.child.send(msg)
+        return self.expect()
+
+
+class _DeviceStage:
+    """Parent side of the device stage for one candidate."""
+
+    def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None):
+        self.task, self.code, self.build, self.cfg = task, code, build, cfg
+        self.backend = get_backend(cfg.backend)
+        self.index = device_index or 0
+        self.details: dict[str, Any] = {"tolerance": {"atol": cfg.tolerance, "rtol": cfg.tolerance,
+                                                      "precision": cfg.precision, "rule": "elementwise+scale"}}
+        self.phase = "start"
+        self.workdir = ""
+        self.conv: _Conversation | None = None
+        self.child: SandboxedChild | None = None
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _reference(self, model, seed: int):
+        import torch
+
+        from .inputs import make_inputs
+        args = make_inputs(self.module, seed, self.device, self.cfg.precision)
+        before = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
+        with torch.no_grad(), self.backend.reference_precision():
+            out = model(*args)
+        self.backend.synchronize_fn()()
+        leaves, spec = flatten_outputs(out)
+        mutates = any(b is not None and not torch.equal(a, b) for a, b in zip(args, before))
+        ranges = [(a.untyped_storage().data_ptr(), a.untyped_storage().data_ptr() + a.untyped_storage().nbytes())
+                  for a in args if isinstance(a, torch.Tensor) and a.numel()]
+        aliases = any(isinstance(o, torch.Tensor) and o.numel() and any(
+            o.untyped_storage().data_ptr() < hi and lo < o.untyped_storage().data_ptr() + o.untyped_storage().nbytes()
+            for lo, hi in ranges) for o in leaves)
+        return leaves, spec, mutates, aliases
+
+    def _load_outputs(self, report: dict[str, Any], ref_leaves: list) -> list:
+        """Read the child's output file: a regular file in the sandbox's output dir (no symlinks), no larger
+        than the reference outputs justify, parsed by safetensors (never pickle)."""
+        import torch
+        from safetensors.torch import load as load_safetensors
+
+        path = report.get("file")
+        out_dir = os.path.realpath(os.path.join(self.workdir, "outputs"))
+        if not isinstance(path, str) or os.path.dirname(os.path.realpath(path)) != out_dir:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
+                "harness", "the output file is not in the sandbox's output directory"))
+        expected = sum(t.numel() * t.element_size() for t in ref_leaves if isinstance(t, torch.Tensor))
+        limit = 4 * expected + (64 << 20)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"output file: {e}")) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+                raise _Verdict(Category.CORRECTNESS_ERROR, feedback.correctness(
+                    0.0, 0, self.cfg.num_correct_trials, f"the outputs take {st.st_size} bytes, the reference's "
+                    f"{expected}", None, None))
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        try:
+            tensors = load_safetensors(data)
+        except Exception as e:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable outputs: {e}"))
+        del data
+        n = int(report.get("n_outputs", 0))
+        if n < 0 or n > 10000:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"{n} outputs reported"))
+        values = report.get("values") or {}
+        leaves = []
+        for i in range(n):
+            if f"out{i}" in tensors:
+                leaves.append(tensors[f"out{i}"].to(self.device))
+            else:
+                leaves.append(values.get(str(i)))
+        return leaves
+
+    def _start(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.workdir = tempfile.mkdtemp(prefix="verifier-run-", dir=cfg.work_dir)
+        cand_path = os.path.join(self.workdir, "candidate.py")
+        task_path = os.path.join(self.workdir, "task.py")
+        with open(cand_path, "w") as f:
+            f.write(self.code)
+        with open(task_path, "w") as f:
+            f.write(self.task.source)
+        job = {"backend": cfg.backend, "candidate_path": cand_path, "task_path": task_path,
+               "precision": cfg.precision, "cpu_threads": cfg.cpu_threads, "cpu_flush_bytes": cfg.cpu_flush_bytes}
+        self.child = SandboxedChild("run", job, cfg, self.backend, self.workdir, [], device_index=self.index)
+        self.service = ExtensionService(cfg, self.backend)
+        self.child.start()
+        self.conv = _Conversation(self.child, self.service, cfg.startup_timeout_s)
+        hello = self.conv.expect()
+        self.details["isolation"] = hello.get("isolation")
+        ready = self.conv.expect()
+        self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
+        if ready.get("op") != "ready":
+            err = ready.get("error", {})
+            raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "
+                                                          f"{err.get('message', '')[:300]}"), traceback=err)
+        self.details["device"] = ready.get("device")
+        self.phase = "import"
+        return ready
+
+    def _fail_from_error(self, msg: dict[str, Any]) -> _Verdict:
+        phase = msg.get("phase")
+        if not isinstance(msg.get("error", {}), dict) or not isinstance(msg.get("log", ""), str):
+            msg = {"phase": phase, "error": {"type": "ProtocolError", "message": "malformed error report"}}
+        if phase == "compile":
+            if self.service.infra_error:
+                return _Verdict(Category.INFRA, feedback.infra(self.service.infra_error[-500:]))
+            if self.service.timed_out:
+                return _Verdict(Category.TIMEOUT, feedback.timeout("building the extension",
+                                                                   self.cfg.compile_timeout_s))
+            return _Verdict(Category.COMPILE_ERROR, feedback.compile_error(compiler_excerpt(msg.get("log", ""))))
+        if phase == "harness":
+            err = msg.get("error", {})
+            if self.phase in ("start",):
+                return _Verdict(Category.INFRA, feedback.infra(f"{err.get('type')}: {err.get('message')}"))
+            return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", str(err.get("message"))))
+        err = msg.get("error", {})
+        where = {"import": "importing the candidate", "construct": "constructing ModelNew",
+                 "trial": "ModelNew.forward", "warmup": "warm-up", "prepare": "creating timing inputs",
+                 "call": "timed call", "audit": "saving a timed output"}.get(phase, str(phase))
+        headline = f"{err.get('type')}: {str(err.get('message', '')).strip()[:700]}"
+        return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(where, headline, err.get("traceback", "")))
+
+    def _ask(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
+        reply = self.conv.ask(msg)
+        if reply.get("op") == "error":
+            raise self._fail_from_error(reply)
+        if reply.get("op") != expect:
+            raise ProtocolError(f"expected {expect}, got {reply.get('op')}")
+        return reply
+
+    # ---------------------------------------------------------------------------------- stages
+    def run(self) -> VerifyResult:
+        from .inputs import build_model
+        cfg = self.cfg
+        try:
+            self.backend.ensure_available(self.index)
+        except DeviceUnavailable as e:
+            return _finish(self.task, cfg, Category.INFRA, feedback.infra(str(e)), details=dict(self.details))
+        self.device = self.backend.torch_device(self.index)
+        try:
+            self.module = load_task_module(self.task)
+        except Exception as e:
+            return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id} failed to load:"
+                                                                          f" {type(e).__name__}: {e}"))
+        self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
+        q = 0.0
+        try:
+            self._start()
+            loaded = _checked(self.conv.expect(), {"timer_patched": list})
+            if loaded.get("op") == "error":
+                raise self._fail_from_error(loaded)
+            if loaded.get("op") != "loaded":
+                raise ProtocolError(f"expected loaded, got {loaded.get('op')}")
+            self.phase = "construct"
+            if loaded.get("timer_patched"):
+                raise _Verdict(Category.CHEATING, feedback.cheating(
+                    "timer_patch", f"timing functions were replaced: {loaded['timer_patched']}"), rule="timer_patch")
+            init_seed = secrets.randbits(63)
+            constructed = self._ask({"op": "construct", "seed": init_seed}, "constructed")
+            self.details["state_dict"] = {"loaded": constructed.get("loaded_params"),
+                                          "unmatched": constructed.get("unmatched")}
+            from .inputs import make_init_inputs
+            init = make_init_inputs(self.module, init_seed, self.device)
+            try:
+                ref_model = build_model(self.module.Model, init, init_seed, self.device, cfg.precision)
+            except Exception as e:
+                raise _Verdict(Category.INFRA, feedback.infra(f"reference Model failed to construct: {e}"))
+            q = self._correctness(ref_model)
+            if self.backend.is_gpu:
+                self.backend.empty_cache()  # hand the parent's cached reference blocks back to the device
+            self.phase = "timing"
+            t_ref, t_cand, t_comp = self._timing(ref_model)
+            del ref_model
+            speedup = t_ref / t_cand if t_cand > 0 else math.inf
+            speedup_compile = (t_comp / t_cand) if (t_comp is not None and t_cand > 0) else None
+            if not math.isfinite(speedup) or speedup > cfg.speedup_cap:
+                raise _Verdict(Category.CHEATING, feedback.cheating(
+                    "implausible_speedup", f"speedup {speedup:.3g}x is above the plausibility cap "
+                    f"{cfg.speedup_cap:g}x (reference {t_ref:.4g} ms, candidate {t_cand:.4g} ms)"),
+                    rule="implausible_speedup", q=q)
+            return _finish(self.task, cfg, Category.PASS, feedback.passed(t_ref, t_cand, speedup, speedup_compile),
+                           q=q, speedup=speedup, details=self.details, t_ref_ms=t_ref, t_cand_ms=t_cand,
+                           speedup_compile=speedup_compile, code_hash=self.build.code_hash,
+                           device_name=(self.details.get("device") or {}).get("device_name"), code=self.code)
+        except _Verdict as v:
+            self.details.update({k: val for k, val in v.details.items() if k != "q"})
+            return _finish(self.task, cfg, v.category, v.feedback_text, q=v.details.get("q", q), rule=v.rule,
+                           details=self.details, code_hash=self.build.code_hash, code=self.code,
+                           device_name=(self.details.get("device") or {}).get("device_name"))
+        except ChildTimeout:
+            if self.phase == "start":
+                return _finish(self.task, cfg, Category.INFRA, feedback.infra("the device child did not start in "
+                                                                              f"{cfg.startup_timeout_s:.0f} s"),
+                               details=self.details)
+            return _finish(self.task, cfg, Category.TIMEOUT, feedback.timeout(
+                {"import": "importing the candidate", "construct": "correctness trials"}.get(self.phase, self.phase),
+                cfg.run_timeout_s), q=0.0, details=self.details, code_hash=self.build.code_hash, code=self.code)
+        except (ChildFailed, ProtocolError) as e:
+            exit_info = self.child.close(grace_s=2.0) if self.child else None
+            if exit_info:
+                self.details["child_exit"] = exit_info.describe()
+            if self.phase == "start":
+                return _finish(self.task, cfg, Category.INFRA, feedback.infra(
+                    f"device child died before loading the candidate ({exit_info.describe() if exit_info else e}): "
+                    f"{exit_info.stderr_tail[-800:] if exit_info else ''}"), details=self.details)
+            what = exit_info.describe() if exit_info and not isinstance(e, ProtocolError) else str(e)
+            tail = exit_info.stderr_tail[-900:] if exit_info else ""
+            return _finish(self.task, cfg, Category.RUNTIME_ERROR, feedback.runtime_error(
+                {"import": "importing the candidate"}.get(self.phase, self.phase),
+                f"the process running your code {what}\n{tail}"), details=self.details,
+                code_hash=self.build.code_hash, code=self.code)
+        finally:
+            if self.child is not None:
+                timed_out = self.child.exit is None and self.conv is not None and time.monotonic() > self.conv.deadline
+                if self.child.exit is None:
+                    try:
+                        if not timed_out and not self.child.exited():
+                            self.child.send({"op": "exit"})
+                    except ChildFailed:
+                        pass
+                exit_info = self.child.close(grace_s=2.0 if not timed_out else 0.0, timed_out=timed_out)
+                self.details.setdefault("child_exit", exit_info.describe())
+                self.details["child_output_bytes"] = exit_info.stdout_bytes + exit_info.stderr_bytes
+            if self.workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            if self.backend.is_gpu:
+                try:
+                    self.backend.empty_cache()
+                except Exception:
+                    pass
+
+    def _correctness(self, ref_model) -> float:
+        cfg = self.cfg
+        n = cfg.num_correct_trials
+        results = []
+        aten: dict[str, int] = {}
+        kernels: dict[str, int] = {}
+        flags = {"inputs_modified": False, "aliases_input": False}
+        first_mismatch = None
+        max_abs = max_rel = 0.0
+        for i in range(n):
+            seed = secrets.randbits(63)
+            report = _checked(self._ask({"op": "trial", "seed": seed}, "trial_done"), _TRIAL_FIELDS)
+            ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
+            if report.get("subclass_outputs"):
+                raise _Verdict(Category.CHEATING, feedback.cheating(
+                    "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
+                    "(lazy or disguised outputs); return plain torch.Tensor"), rule="tensor_subclass_output")
+            if report.get("timer_patched"):
+                raise _Verdict(Category.CHEATING, feedback.cheating(
+                    "timer_patch", f"timing functions were replaced: {report['timer_patched']}"), rule="timer_patch")
+            for k, v in (report.get("aten_ops") or {}).items():
+                aten[str(k)] = aten.get(str(k), 0) + int(v)
+            for k, v in (report.get("device_kernels") or {}).items():
+                kernels[str(k)] = kernels.get(str(k), 0) + int(v)
+            flags["inputs_modified"] |= bool(report.get("inputs_modified")) and not ref_mutates
+            flags["aliases_input"] |= bool(report.get("aliases_input")) and not ref_aliases
+            leaves = self._load_outputs(report, ref_leaves)
+            wrong_device = [d for d in report.get("devices") or [] if d != self.device.type]
+            if wrong_device:
+                desc = f"outputs on device {wrong_device[0]!r}, expected {self.device.type!r}"
+                results.append({"ok": False, "mismatch": desc})
+                first_mismatch = first_mismatch or desc
+                continue
+            if not same_structure(report.get("spec"), ref_spec):
+                desc = f"output structure {report.get('spec')} differs from the reference's {ref_spec}"
+                results.append({"ok": False, "mismatch": desc})
+                first_mismatch = first_mismatch or desc
+                continue
+            c = compare_outputs(leaves, ref_leaves, cfg.tolerance, cfg.tolerance, cfg.scale_floor)
+            max_abs, max_rel = max(max_abs, c.max_abs_diff), max(max_rel, c.max_rel_diff)
+            results.append({"ok": c.ok, "max_abs_diff": c.max_abs_diff, "max_rel_diff": c.max_rel_diff,
+                            "mismatch": c.mismatch.describe() if c.mismatch else None})
+            if not c.ok and first_mismatch is None:
+                first_mismatch = c.mismatch.describe()
+            del leaves, ref_leaves
+        self.details.update({"trials": results, "aten_ops": aten, "device_kernels": dict(list(kernels.items())[:50])})
+        passed = sum(r["ok"] for r in results)
+        q = passed / n
+        bad_ops = forbidden_ops(aten)
+        if bad_ops:
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "forbidden_op", "ModelNew.forward ran PyTorch compute ops instead of (or besides) your kernels",
+                bad_ops), rule="forbidden_op", forbidden_ops=bad_ops, q=q)
+        if self.backend.is_gpu and not candidate_kernels(kernels):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "no_device_kernel", "no device kernel of your own ran in ModelNew.forward"), rule="no_device_kernel",
+                q=q)
+        if flags["inputs_modified"]:
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "input_mutation", "ModelNew.forward modified its input tensors in place (the reference does not)"),
+                rule="input_mutation", q=q)
+        if flags["aliases_input"]:
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "output_aliases_input", "ModelNew.forward returned memory of an input tensor (the reference "
+                                        "returns new tensors)"), rule="output_aliases_input", q=q)
+        if passed < n:
+            raise _Verdict(Category.CORRECTNESS_ERROR, feedback.correctness(q, passed, n, first_mismatch, max_abs,
+                                                                            max_rel), q=q)
+        return q
+
+    def _timing(self, ref_model) -> tuple[float, float, float | None]:
+        import random
+        cfg = self.cfg
+        runners = ["ref", "cand"] + (["ref_compile"] if cfg.compare_torch_compile else [])
+        rng = random.Random(secrets.randbits(64))
+        warm = self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63), "runners": runners,
+                          "compile_ref": cfg.compare_torch_compile}, "warmed")
+        self.details["flush_bytes"] = warm.get("flush_bytes")
+        audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
+        calls: list[TimedCall] = []
+        t_start = time.monotonic()
+        done = 0
+        for j in range(cfg.num_timing_trials):
+            if j >= 3 and time.monotonic() - t_start > cfg.time_budget_s:
+                break
+            seed = secrets.randbits(63)
+            self._ask({"op": "prepare", "seed": seed, "runners": runners}, "prepared")
+            order = list(runners)
+            rng.shuffle(order)
+            for runner in order:
+                self._ask({"op": "flush"}, "flushed")
+                t0 = time.monotonic()
+                reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
+                                 {"ms": (int, float), "plain_tensors": bool})
+                wall_ms = (time.monotonic() - t0) * 1e3
+                calls.append(TimedCall(runner, float(reply.get("ms", float("nan"))), wall_ms))
+                if runner == "cand" and not reply.get("plain_tensors", False):
+                    raise _Verdict(Category.CHEATING, feedback.cheating(
+                        "tensor_subclass_output", "a timed call returned a tensor subclass (lazy output)"),
+                        rule="tensor_subclass_output", q=1.0)
+                if runner == "cand" and j in audits:
+                    self._audit(ref_model, seed)
+            done += 1
+        problem = implausible_timing(calls)
+        by = {r: [c.reported_ms for c in calls if c.runner == r] for r in runners}
+        self.details["timing"] = {r: stats(v) for r, v in by.items()}
+        self.details["timing"]["trials"] = done
+        self.details["timing"]["wall_ms"] = stats([c.wall_ms for c in calls if c.runner == "cand"])
+        if problem:
+            raise _Verdict(Category.CHEATING, feedback.cheating("implausible_timing", problem),
+                           rule="implausible_timing", q=1.0)
+        med = {r: self.details["timing"][r]["median"] for r in runners}
+        return med["ref"], med["cand"], med.get("ref_compile")
+
+    def _audit(self, ref_model, seed: int) -> None:
+        report = _checked(self._ask({"op": "audit"}, "audited"), _TRIAL_FIELDS)
+        ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
+        leaves = self._load_outputs(report, ref_leaves)
+        c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
+        self.details.setdefault("audits", []).append({"ok": c.ok, "max_rel_diff": c.max_rel_diff})
+        if not c.ok or not same_structure(report.get("spec"), ref_spec):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "timing_output_mismatch", "an output produced while being timed was wrong (" +
+                (c.mismatch.describe() if c.mismatch else "structure differs") + "); the kernel must compute the "
+                "result on every call"), rule="timing_output_mismatch", q=1.0)
+
+
+def run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig,
+                  device_index: int | None = None) -> VerifyResult:
+    """Device stage: a fresh sandboxed child pinned to one device; correctness, fallback check, timing."""
+    try:
+        return _DeviceStage(task, code, build, cfg, device_index).run()
+    except Exception as e:
+        return _finish(task, cfg, Category.INFRA, feedback.infra(f"{type(e).__name__}: {e}"),
+                       details={"traceback": traceback.format_exc()[-4000:]}, code_hash=build.code_hash)

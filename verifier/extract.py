@@ -1,0 +1,114 @@
+"""Pull the candidate source out of a model response.
+
+Contract (ARCHITECTURE.md): the candidate is the last fenced Python block of a markdown response
+(```python, ```py, ```python3, or an untagged fence whose content parses as Python), or the whole
+response when it is plain Python source. Anything else is a ``format_error`` with a message the
+model can act on.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+PY_TAGS = {"python", "py", "python3", "py3"}
+_FENCE_OPEN = re.compile(r"^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
+
+
+class FormatError(ValueError):
+    """The response holds no usable candidate; the message says why (shown to the model)."""
+
+
+def _decode(response: str | bytes, max_bytes: int) -> str:
+    if isinstance(response, (bytes, bytearray, memoryview)):
+        raw = bytes(response)
+        if len(raw) > max_bytes:
+            raise FormatError(f"response is {len(raw)} bytes, over the {max_bytes}-byte limit")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"response is not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    if not isinstance(response, str):
+        raise FormatError(f"response must be text, got {type(response).__name__}")
+    try:
+        size = len(response.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise FormatError("response contains unencodable characters (lone surrogates)") from None
+    if size > max_bytes:
+        raise FormatError(f"response is {size} bytes, over the {max_bytes}-byte limit")
+    return response
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str, bool]]:
+    """(info tag, content, closed) for each fenced block, in order. An unclosed last fence runs to the end."""
+    lines = text.split("\n")
+    blocks = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE_OPEN.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info = m.group("fence"), m.group("info").strip().split()
+        tag = info[0].lower() if info else ""
+        close = re.compile(r"^[ \t]{0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}[ \t]*$")
+        j = i + 1
+        while j < len(lines) and not close.match(lines[j]):
+            j += 1
+        blocks.append((tag, "\n".join(lines[i + 1:j]), j < len(lines)))
+        i = j + 1
+    return blocks
+
+
+def _parses(src: str) -> bool:
+    try:
+        ast.parse(src)
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+def _select(text: str) -> str:
+    blocks = _fenced_blocks(text)
+    chosen = None
+    for tag, content, closed in blocks:
+        if tag in PY_TAGS or (tag == "" and _parses(content)):
+            chosen = (content, closed)
+    if chosen is not None:
+        content, closed = chosen
+        if not closed and not _parses(content):
+            raise FormatError("the last ```python block is never closed and does not parse "
+                              "(was the response cut off?)")
+        return content
+    if blocks:
+        tags = sorted({t or "untagged" for t, _, _ in blocks})
+        if not _parses(text):
+            raise FormatError(f"no ```python code block found (fenced blocks: {', '.join(tags)}); put the "
+                              f"complete candidate in one ```python block")
+    elif text.strip():
+        try:
+            ast.parse(text)
+        except SyntaxError as e:
+            raise FormatError(f"no ```python code block found, and the response is not Python source either "
+                              f"(line {e.lineno}: {e.msg})") from None
+    return text  # plain Python source
+
+
+def extract_candidate(response: str | bytes, max_bytes: int) -> str:
+    """Return the candidate source; raise FormatError(message) when there is none."""
+    text = _decode(response, max_bytes)
+    if "\x00" in text:
+        raise FormatError("response contains NUL bytes")
+    code = _select(text)
+    if not code.strip():
+        raise FormatError("no code: the response (or its last ```python block) is empty")
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        line = (e.text or "").strip()
+        raise FormatError(f"candidate code does not parse: line {e.lineno}: {e.msg}"
+                          + (f": {line[:120]}" if line else "")) from None
+    except ValueError as e:
+        raise FormatError(f"candidate code does not parse: {e}") from None
+    if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
+        raise FormatError("no `class ModelNew(nn.Module)` defined at module level of the candidate code")
+    return code if code.endswith("\n") else code + "\n"

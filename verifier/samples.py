@@ -1,0 +1,176 @@
+"""Samples JSONL in, verdict rows JSONL out.
+
+Input rows: ``{"task_id" | "task": ..., "response" | "code": ..., "sample_id"?: ...}``; any other
+keys are carried through to the output row under ``meta``. Output rows are written one per sample,
+flushed to ``OUT.partial`` as they complete (a crash loses nothing) and renamed into place at the
+end (readers never see a half-written file).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+
+class SamplesError(ValueError):
+    """Malformed samples file or unknown task; the message names the file, line, and value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    task_ref: str          # task id, file stem, or path, as written in the row
+    response: str          # raw model response or plain Python source
+    sample_id: str
+    line_no: int
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+_TASK_KEYS = ("task_id", "task")
+_CODE_KEYS = ("response", "code")
+
+
+def read_samples(path: str) -> list[Sample]:
+    """Parse a samples JSONL file; every problem is reported with its line number."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise SamplesError(f"samples file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SamplesError(f"cannot read samples file {path}: {e}") from e
+    out: list[Sample] = []
+    per_task: dict[str, int] = {}
+    seen_ids: set[str] = set()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SamplesError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise SamplesError(f"{path}:{i}: each line must be a JSON object")
+        task_ref = next((row[k] for k in _TASK_KEYS if k in row), None)
+        if not isinstance(task_ref, str) or not task_ref:
+            raise SamplesError(f"{path}:{i}: missing 'task_id' (or 'task') string")
+        response = next((row[k] for k in _CODE_KEYS if k in row), None)
+        if not isinstance(response, str):
+            raise SamplesError(f"{path}:{i}: missing 'response' (or 'code') string")
+        n = per_task.get(task_ref, 0)
+        per_task[task_ref] = n + 1
+        sample_id = row.get("sample_id")
+        sample_id = f"{task_ref}#{n}" if sample_id is None else str(sample_id)
+        if sample_id in seen_ids:
+            raise SamplesError(f"{path}:{i}: duplicate sample_id {sample_id!r}")
+        seen_ids.add(sample_id)
+        meta = {k: v for k, v in row.items() if k not in (*_TASK_KEYS, *_CODE_KEYS, "sample_id")}
+        out.append(Sample(task_ref=task_ref, response=response, sample_id=sample_id, line_no=i, meta=meta))
+    return out
+
+
+def _task_keys(task: Any, root: str | None) -> set[str]:
+    path = os.path.abspath(task.path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    keys = {task.task_id, stem, path, os.path.basename(path)}
+    if root:
+        rel = os.path.relpath(path, os.path.abspath(root))
+        keys |= {rel, os.path.splitext(rel)[0]}
+    return keys
+
+
+def match_samples(samples: Sequence[Sample], tasks: Sequence[Any], root: str | None = None) -> list[Any]:
+    """The task of every sample, matched by task id, file stem, file name, or path.
+
+    Raises ``SamplesError`` naming every unknown or ambiguous reference at once.
+    """
+    index: dict[str, list[Any]] = {}
+    for t in tasks:
+        for k in _task_keys(t, root):
+            bucket = index.setdefault(k, [])
+            if not any(x is t for x in bucket):
+                bucket.append(t)
+    unknown: dict[str, int] = {}
+    ambiguous: dict[str, list[str]] = {}
+    out = []
+    for s in samples:
+        ref = s.task_ref
+        cands = index.get(ref) or index.get(os.path.abspath(ref)) or []
+        if len(cands) == 1:
+            out.append(cands[0])
+            continue
+        if not cands:
+            unknown.setdefault(ref, s.line_no)
+        else:
+            ambiguous[ref] = [c.path for c in cands]
+        out.append(None)
+    problems = []
+    if unknown:
+        known = sorted({t.task_id for t in tasks})
+        hint = ", ".join(known[:8]) + (" ..." if len(known) > 8 else "")
+        problems.append("unknown task ids: " + ", ".join(f"{r!r} (line {ln})" for r, ln in unknown.items())
+                        + f"; known ids include: {hint}")
+    if ambiguous:
+        problems.append("ambiguous task references (use a path): "
+                        + "; ".join(f"{r!r} -> {ps}" for r, ps in ambiguous.items()))
+    if problems:
+        raise SamplesError(". ".join(problems))
+    return out
+
+
+def result_row(sample: Sample, task: Any, result: Any) -> dict[str, Any]:
+    """One output row: sample identity, the task's level/op family, then the verdict fields."""
+    row: dict[str, Any] = {"sample_id": sample.sample_id, "task_id": task.task_id,
+                           "level": getattr(task, "level", None), "op_family": getattr(task, "op_family", None)}
+    row.update(result.to_dict())
+    row["task_id"] = task.task_id
+    if sample.meta:
+        row["meta"] = sample.meta
+    return row
+
+
+class ResultsWriter:
+    """Append-and-flush to ``OUT.partial`` while running; atomically publish ``OUT`` at the end.
+
+    Rows land in the partial file in completion order; ``finish`` writes them in the order given.
+    """
+
+    def __init__(self, out_path: str):
+        self.out_path = out_path
+        self.partial_path = out_path + ".partial"
+        parent = os.path.dirname(os.path.abspath(out_path))
+        os.makedirs(parent, exist_ok=True)
+        self._fh = open(self.partial_path, "w", encoding="utf-8")
+
+    def append(self, row: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(row, default=str) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def finish(self, rows: Iterable[dict[str, Any]]) -> None:
+        tmp = self.out_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.out_path)
+        self._fh.close()
+        os.unlink(self.partial_path)
+
+    def close(self) -> None:
+        """Stop writing but keep the partial file (used when the run did not finish)."""
+        if not self._fh.closed:
+            self._fh.close()
+
+
+def read_result_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a results (or ``.partial``) file; a torn last line from a crash is skipped."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
