@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_rl.fsutil import fsync_dir, write_text_atomic
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 META_FILE = "meta.json"
 EXTRA_DIR = "extra"
@@ -189,25 +191,7 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+        fsync_dir(Path(dirpath))
 
 
 def _hf_config_dict(hf_config) -> dict | None:
@@ -308,7 +292,7 @@ def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, 
                 shutil.rmtree(old)
             else:
                 os.replace(tmp, final)
-            _fsync_dir(root)
+            fsync_dir(root)
             write_text_atomic(root / LATEST_FILE, str(iteration) if iteration != "release" else "release")
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below
             error[0] = f"finalising {final} failed: {type(e).__name__}: {e}"

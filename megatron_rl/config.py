@@ -72,7 +72,8 @@ class RolloutConfig:
     num_engines: int = 1
     gpus_per_engine: int = 1
     engine_dtype: str = "float32"        # embedded engine weights (match the actor for exact logprobs)
-    use_router: bool = False             # SGLang router in front of the engines
+    use_router: bool = False             # SGLang router in front of the engines (sglang only)
+    router_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # router passthrough
     sglang: dict[str, Any] = dataclasses.field(default_factory=dict)  # server-arg passthrough
     startup_timeout_s: float = 600.0
     sync_bucket_mb: int = 512
@@ -82,6 +83,7 @@ class RolloutConfig:
 class FarmSection:
     """Layout of the verifier farm (see verifier.farm.FarmConfig); the verdict is `verifier:`."""
 
+    backend: str = "process"             # process: pools inside the rollout manager | ray: Ray actors
     compile_workers: int | None = None   # None: all cores
     device_workers: int | None = None    # None: one per GPU / cpu_device_workers on CPU
     cpu_device_workers: int = 1
@@ -205,6 +207,8 @@ def validate(cfg: RLConfig) -> None:
     need(r.gpus_per_engine >= 1, f"rollout.gpus_per_engine must be >= 1, got {r.gpus_per_engine}")
     need(r.engine_dtype in ("float32", "bfloat16", "float16"),
          f"rollout.engine_dtype must be float32|bfloat16|float16, got {r.engine_dtype!r}")
+    need(cfg.farm.backend in ("process", "ray"), f"farm.backend must be process|ray, got {cfg.farm.backend!r}")
+    need(not (r.use_router and r.engine != "sglang"), "rollout.use_router needs rollout.engine=sglang")
     need(d.prompts_per_step >= 1, f"data.prompts_per_step must be >= 1, got {d.prompts_per_step}")
     if cfg.advantage.group_size is not None:
         need(cfg.advantage.group_size == cfg.agent.group_size,

@@ -9,20 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from megatron_rl.fsutil import write_text_atomic
 
 
 class PhaseTimer:
@@ -95,10 +87,10 @@ class RunLogger:
                            "num_tokens": len(tr.response_ids), "weight_version": tr.weight_version}
                           for tr in t.turns],
             }, default=str))
-        atomic_write_text(d / f"step_{step:06d}.jsonl", "\n".join(lines) + "\n")
+        write_text_atomic(d / f"step_{step:06d}.jsonl", "\n".join(lines) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
 
     def close(self) -> None:
         if self._tb is not None:

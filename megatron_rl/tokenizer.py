@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 QWEN3_OFFLINE = "qwen3-offline"
@@ -149,18 +147,8 @@ def build_qwen3_offline(rank_file: str | os.PathLike | None = None):
 
 def _build_and_cache(rank_file: Path, target: Path):
     """Build, save into a temp dir next to ``target`` and rename it into place (first writer wins)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        tok = build_qwen3_offline(rank_file)
-        tok.save_pretrained(str(tmp))
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another process finished first: its copy is identical; keep it.
-            if not (target / "tokenizer.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    from megatron_rl.fsutil import publish_dir
+
+    tok = build_qwen3_offline(rank_file)
+    publish_dir(tok.save_pretrained, target)
     return tok

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import string
-import tempfile
 from pathlib import Path
 
 from verifier.types import Category, VerifyResult
@@ -50,18 +49,12 @@ def build_tokenizer():
 
 def save_tokenizer(path: str | os.PathLike) -> Path:
     """Write the toy tokenizer as an HF tokenizer dir (temp dir, then rename)."""
+    from megatron_rl.fsutil import publish_dir
+
     path = Path(path)
     if (path / "tokenizer.json").is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    build_tokenizer().save_pretrained(tmp)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process won the race
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return publish_dir(build_tokenizer().save_pretrained, path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,11 +11,7 @@ did is logged (TensorBoard, console line, JSONL samples); the last stdout line i
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import logging
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def prepare_model(cfg) -> tuple[str, str]:
     """The HF model dir and tokenizer dir every role loads. A missing `model.path` means a tiny random
     Qwen3-architecture model, built once per run dir (deterministic from `model.tiny.init_seed`)."""
-    from megatron_rl.observability import atomic_write_text  # noqa: F401  (same temp-then-rename rule)
+    from megatron_rl.fsutil import publish_dir
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -54,7 +50,7 @@ def prepare_model(cfg) -> tuple[str, str]:
         if not (tok_dir / "tokenizer.json").is_file():
             from megatron_rl.tokenizer import load_tokenizer
 
-            _save_atomically(load_tokenizer("qwen3-offline").save_pretrained, tok_dir)
+            publish_dir(load_tokenizer("qwen3-offline").save_pretrained, tok_dir)
         tokenizer_path = str(tok_dir)
     else:
         tokenizer_path = str(Path(cfg.model.tokenizer).resolve())
@@ -73,22 +69,13 @@ def prepare_model(cfg) -> tuple[str, str]:
             num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, tie_word_embeddings=t.tie_word_embeddings,
             max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
         torch.manual_seed(t.init_seed)
-        model = Qwen3ForCausalLM(hf_cfg).float()
-        _save_atomically(lambda d: model.save_pretrained(d, safe_serialization=True), model_dir)
+        gpu = torch.cuda.is_available() and cfg.cluster.use_gpu is not False
+        dtype = torch.bfloat16 if cfg.actor.params_dtype == "bfloat16" else torch.float32
+        with torch.device("cuda" if gpu else "cpu"):  # an 8B random init takes minutes on the host
+            model = Qwen3ForCausalLM(hf_cfg).to(dtype)
+        publish_dir(lambda d: model.save_pretrained(d, safe_serialization=True), model_dir)
+        del model
     return str(model_dir), tokenizer_path
-
-
-def _save_atomically(save_fn, target: Path) -> None:
-    import shutil
-    import tempfile
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        save_fn(str(tmp))
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _attach(samples, name: str, values: list[list[float]]) -> None:

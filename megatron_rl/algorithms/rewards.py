@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from verifier.types import Category, RewardParams, VerifyResult, reward_eq2
 

@@ -14,7 +14,6 @@ one train rank; that is how the GPU benchmark machine, which has no Ray, runs a 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import os
 from typing import Any
@@ -24,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def _ray_available() -> bool:
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401  (only whether it imports)
     except Exception:
         return False
     return True

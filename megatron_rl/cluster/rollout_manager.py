@@ -89,9 +89,13 @@ class RolloutManager:
         self.loop = BackgroundLoop("rollout")
         self._servers: dict[str, Any] = {}
         self.engines = self._launch_engines(engine_gpus or [])
+        self.router = None
+        generate = self.engines.generate
+        if cfg.rollout.use_router and cfg.rollout.engine == "sglang":
+            generate = self._start_router()
         self.farm = None
         verify = self._make_verify()
-        self.agent = AgentLoop(self.tokenizer, self.engines.generate, verify, cfg.agent)
+        self.agent = AgentLoop(self.tokenizer, generate, verify, cfg.agent)
         self._rng = random.Random(cfg.seed + 17)
 
     # ---- setup
@@ -116,6 +120,25 @@ class RolloutManager:
             tasks = [apply_size_profile(t, self.cfg.farm.size_profile) for t in tasks]
         return tasks
 
+    def _start_router(self):
+        """SGLang router in front of the engines: generation goes through it (cache-aware routing);
+        control calls (pause, flush, weight updates) still go to every engine directly."""
+        from megatron_rl.rollout.client import EngineClient
+        from megatron_rl.rollout.engine import EngineManager, HttpEngine
+        from megatron_rl.rollout.router import RouterConfig, RouterProcess, register_worker
+
+        self.router = RouterProcess(RouterConfig(log_dir=str(self.run_dir / "engine_logs"),
+                                                 router_args=dict(self.cfg.rollout.router_args)))
+        url = self.router.start()
+
+        async def register():
+            async with EngineClient(url) as client:
+                for _, worker in self.engine_endpoints():
+                    await register_worker(client, worker)
+
+        self.loop.run(register())
+        return EngineManager([HttpEngine(url, name="router")]).generate
+
     def _make_verify(self):
         if self.toy:
             from megatron_rl.toy import toy_verdict
@@ -129,10 +152,16 @@ class RolloutManager:
         from megatron_rl.rollout.agent import farm_verify_fn
 
         f = self.cfg.farm
-        self.farm = VerifierFarm(self.cfg.verifier, FarmConfig(
+        layout = FarmConfig(
             compile_workers=f.compile_workers, device_workers=f.device_workers,
             cpu_device_workers=f.cpu_device_workers, max_in_flight=f.max_in_flight, max_retries=f.max_retries,
-            result_cache_path=f.result_cache_path))
+            result_cache_path=f.result_cache_path)
+        if f.backend == "ray":  # compile and device workers as Ray actors (e.g. on dedicated verifier nodes)
+            from verifier.ray_farm import RayVerifierFarm
+
+            self.farm = RayVerifierFarm(self.cfg.verifier, layout)
+        else:
+            self.farm = VerifierFarm(self.cfg.verifier, layout)
         return farm_verify_fn(self.farm)
 
     def _launch_engines(self, gpus: list[int]):
@@ -273,6 +302,8 @@ class RolloutManager:
             self.loop.run(self.engines.close(), timeout=30)
         except Exception:
             pass
+        if self.router is not None:
+            self.router.stop()
         for server in self._servers.values():
             server.stop()
         if self.farm is not None:

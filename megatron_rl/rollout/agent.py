@@ -535,8 +535,20 @@ class AgentLoop:
         """
         skipped: dict[str, int] = {}
         unscored_ids: list[str] = []
+        issued: dict[int, int] = {}  # id(request) -> issue order, to return the batch in request order
+
+        async def numbered():
+            source = _aiter(requests)
+            while True:
+                try:
+                    req = await source.__anext__()
+                except StopAsyncIteration:
+                    return
+                issued[id(req)] = len(issued)
+                yield req
+
         sampler = DynamicSampler(num_groups, require_variance=dynamic_sampling)
-        stream = self.stream_groups(requests, max_groups_in_flight)
+        stream = self.stream_groups(numbered(), max_groups_in_flight)
         try:
             async for group in stream:
                 if not group.ok:
@@ -550,6 +562,8 @@ class AgentLoop:
         finally:
             await stream.aclose()
         batch, ds = sampler.result()
+        # Completion order depends on timing; the training batch must not (reproducible runs).
+        batch = sorted(batch, key=lambda g: issued.get(id(g.request), len(issued)))
         stats = ds.to_dict()
         stats["groups_unscored"] = skipped
         stats["unscored_task_ids"] = unscored_ids  # the caller may re-queue these tasks

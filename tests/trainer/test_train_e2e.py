@@ -60,7 +60,8 @@ def test_resume_after_kill_continues_identically(tmp_path):
     got, want = metrics(killed), metrics(tmp_path / "full")
     assert [m["step"] for m in got] == [0, 1, 2, 3]
     for a, b in zip(got, want):  # same weights, data position and RNG after the resume: same run
-        assert a["reward/mean"] == b["reward/mean"] and a["train/loss"] == b["train/loss"], (a, b)
+        assert a["reward/mean"] == b["reward/mean"], (a, b)  # identical samples => identical weights
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-6, abs=1e-9), (a, b)
     assert full["reward_last"] == summary["reward_last"]
 
 

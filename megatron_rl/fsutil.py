@@ -1,0 +1,50 @@
+"""Atomic file and directory writes: nothing is ever half-written where a reader looks.
+
+Files go to a temp name in the same directory, are fsynced, then renamed; directories are built
+under a hidden temp name and renamed into place, so a crash leaves either the old state or the new
+one (plus, at worst, a hidden temp to clean up).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def publish_dir(build: Callable[[str], object], target: str | os.PathLike) -> Path:
+    """Run ``build(tmp_dir)`` and rename the result to ``target``. If another process published
+    ``target`` first, its copy is kept and ours is discarded (both were built from the same inputs)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        build(str(tmp))
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not target.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
