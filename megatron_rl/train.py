@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_rl.observability import print_summary
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Models and tokenizers come from local dirs; a task module that reaches for the Hub (KernelBench
+    # level 4) must fail fast rather than retry for minutes while prompts are built.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse_args(argv)
     overrides = list(args.overrides)
     if args.model:

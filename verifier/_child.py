@@ -241,10 +241,18 @@ class DeviceSession:
         s = t.untyped_storage()
         return s.data_ptr(), s.data_ptr() + s.nbytes()
 
-    def _bytesum(self, x):
+    def _bytesum(self, x, chunk: int = 64 << 20):
+        """Two byte sums of a large tensor, accumulated over slices: a whole-tensor int64 sum would
+        materialise an 8x copy (tens of GB for KernelBench-sized inputs)."""
         torch = self.torch
         b = x.detach().contiguous().reshape(-1).view(torch.uint8)
-        return int(b.sum(dtype=torch.int64)), int(b[::7].sum(dtype=torch.int64))
+        total = strided = 0
+        for start in range(0, b.numel(), chunk):
+            part = b[start:start + chunk]
+            total += int(part.sum(dtype=torch.int64))
+            offset = (-start) % 7  # keep the global stride-7 sample aligned across slices
+            strided += int(part[offset::7].sum(dtype=torch.int64))
+        return total, strided
 
     def _fingerprints(self, inputs):
         """Exact copies of small inputs, byte sums of large ones: to tell whether forward wrote to them."""

@@ -197,7 +197,7 @@ class _DeviceStage:
         """Read the child's output file: a regular file in the sandbox's output dir (no symlinks), no larger
         than the reference outputs justify, parsed by safetensors (never pickle)."""
         import torch
-        from safetensors.torch import load as load_safetensors
+        from safetensors import safe_open
 
         path = report.get("file")
         out_dir = os.path.realpath(os.path.join(self.workdir, "outputs"))
@@ -216,16 +216,21 @@ class _DeviceStage:
                 raise _Verdict(Category.CORRECTNESS_ERROR, feedback.correctness(
                     0.0, 0, self.cfg.num_correct_trials, f"the outputs take {st.st_size} bytes, the reference's "
                     f"{expected}", None, None))
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(limit + 1)
+            # Parse through the already-opened fd (no path race): safetensors maps the file and copies
+            # each tensor out once, instead of holding the raw bytes and the tensors at the same time
+            # (outputs of KernelBench-sized tasks are several GB).
+            try:
+                with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
+                    tensors = {k: f.get_tensor(k) for k in f.keys()}
+            except _Verdict:
+                raise
+            except MemoryError:
+                raise
+            except Exception as e:
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable outputs: {e}"))
         finally:
             os.close(fd)
             os.unlink(path)
-        try:
-            tensors = load_safetensors(data)
-        except Exception as e:
-            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable outputs: {e}"))
-        del data
         n = int(report.get("n_outputs", 0))
         if n < 0 or n > 10000:
             raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"{n} outputs reported"))

@@ -29,3 +29,23 @@ def test_well_formed_report_passes():
 def test_structure_comparison_is_total_on_junk(junk):
     assert same_structure(junk, "leaf") is False
     assert same_structure(junk, {"seq": "tuple", "items": ["leaf"]}) is False
+
+
+def test_large_input_fingerprint_is_chunked_and_exact():
+    """The in-place-modification fingerprint of a large input is summed slice by slice (a whole-tensor
+    int64 sum would need 8x the input's memory) and equals the one-shot sums."""
+    import types
+
+    import torch
+
+    from verifier._child import DeviceSession
+
+    x = torch.randn(1000, 37)
+    b = x.reshape(-1).view(torch.uint8)
+    want = (int(b.sum(dtype=torch.int64)), int(b[::7].sum(dtype=torch.int64)))
+    session = types.SimpleNamespace(torch=torch)
+    for chunk in (1, 7, 1000, 4099, 1 << 20):
+        assert DeviceSession._bytesum(session, x, chunk=chunk) == want
+    y = x.clone()
+    y[500, 3] += 1.0
+    assert DeviceSession._bytesum(session, y, chunk=4099) != want
