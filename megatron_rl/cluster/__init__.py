@@ -46,7 +46,7 @@ class Cluster:
         self.colocated = c.placement == "colocated"
         self.ray_mode = c.backend == "ray" or (c.backend == "auto" and _ray_available())
         self.sync_cfg = WeightSyncConfig(
-            transport="colocated" if (self.colocated or not self.use_gpu) else "distributed",
+            transport="colocated" if self.colocated else "distributed",  # gloo on CPU, NCCL on GPU
             bucket_bytes=cfg.rollout.sync_bucket_mb << 20, sglang_native=cfg.rollout.engine == "sglang")
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-async")
         self.placement = None
