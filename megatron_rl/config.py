@@ -119,6 +119,9 @@ class TrainConfig:
 class RLConfig:
     name: str = "run"
     seed: int = 1234
+    # Sets both agent.backend (what the prompt asks for) and verifier.backend (what checks it):
+    # cpu | cuda | musa | auto (cuda when a GPU is visible, else cpu). None: set them separately.
+    kernel_backend: str | None = None
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
@@ -163,6 +166,7 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RLConfi
             layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(*layers)
         OmegaConf.resolve(merged)
+        _apply_kernel_backend(merged)
         cfg: RLConfig = OmegaConf.to_object(merged)
     except ConfigError:
         raise
@@ -173,6 +177,21 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RLConfi
         raise ConfigError(f"invalid config: {e}") from e
     validate(cfg)
     return cfg
+
+
+def _apply_kernel_backend(merged) -> None:
+    kb = merged.get("kernel_backend")
+    if kb is None:
+        return
+    if kb not in ("auto", "cpu", "cuda", "musa"):
+        raise ConfigError(f"kernel_backend must be auto|cpu|cuda|musa, got {kb!r}")
+    if kb == "auto":
+        import torch
+
+        kb = "cuda" if torch.cuda.is_available() else "cpu"
+    merged.kernel_backend = kb
+    merged.agent.backend = kb
+    merged.verifier.backend = kb
 
 
 def to_yaml(cfg: RLConfig) -> str:
@@ -227,6 +246,10 @@ def validate(cfg: RLConfig) -> None:
     if cfg.model.tokenizer != "qwen3-offline":
         tp = _abs(cfg.model.tokenizer)
         need(tp.is_dir(), f"model.tokenizer: {tp} is not a directory (or use 'qwen3-offline')")
+        if tp.is_dir():
+            need(any((tp / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")),
+                 f"model.tokenizer: {tp} has no tokenizer files (tokenizer.json / tokenizer_config.json); "
+                 f"set model.tokenizer=qwen3-offline or point it at a tokenizer dir")
     if d.tasks != "toy":
         tasks = _abs(d.tasks)
         need(tasks.exists(), f"data.tasks: {tasks} does not exist")

@@ -45,3 +45,20 @@ def test_cli_reports_config_error_before_starting():
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "cluster.placement" in r.stderr and "train.steps" in r.stderr
+
+
+def test_model_without_tokenizer_files_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="no tokenizer files"):
+        load_config(str(REPO_ROOT / "configs" / "quickstart.yaml"), [f"model.path={tmp_path}"])
+    cfg = load_config(str(REPO_ROOT / "configs" / "quickstart.yaml"),
+                      [f"model.path={tmp_path}", "model.tokenizer=qwen3-offline"])
+    assert cfg.model.tokenizer == "qwen3-offline"
+
+
+def test_kernel_backend_sets_prompt_and_verifier_backend():
+    cfg = load_config(str(REPO_ROOT / "configs" / "quickstart.yaml"), ["kernel_backend=musa"])
+    assert cfg.agent.backend == cfg.verifier.backend == "musa"
+    with pytest.raises(ConfigError, match="kernel_backend"):
+        load_config(str(REPO_ROOT / "configs" / "quickstart.yaml"), ["kernel_backend=rocm"])
