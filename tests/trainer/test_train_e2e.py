@@ -99,3 +99,13 @@ def test_disaggregated_async_is_one_step_off_policy(tmp_path):
     assert drift[0] < 1e-3, drift          # first rollout: same weights as the trainer
     assert min(drift[1:]) > 1e-3, drift    # then one optimizer step behind
     assert all(r["sync/seconds"] is not None for r in rows)
+
+
+@pytest.mark.slow
+def test_kl_to_reference_snapshot(tmp_path):
+    """With a KL loss the starting weights are kept as the reference: KL is 0 on the first step and
+    grows as the policy moves; MirrorPop, TIS and dynamic sampling run in the same loss."""
+    ok(train(tmp_path, "kl", *LOCAL_TP1, "train.steps=3", "agent.seed=3", "loss.kl_loss_coef=0.05",
+             "loss.mirrorpop_delta=0.5", "loss.use_tis=true", "train.dynamic_sampling=true")[0])
+    kl = [r["train/kl_loss"] for r in metrics(tmp_path / "kl")]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7) and kl[2] > kl[1] > 1e-4, kl
