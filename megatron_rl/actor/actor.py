@@ -39,8 +39,8 @@ _RNG_KEY = "_actor_rng"
 
 
 @dataclass
-class ActorConfig:
-    """Parallelism, numerics, optimizer and batching of the actor (the config's ``actor:`` section)."""
+class ActorConfig(optim.OptimSettings):
+    """Parallelism, numerics, optimizer (inherited) and batching of the actor (``actor:`` in configs)."""
 
     hf_config_path: str | None = None          # HF model dir (config.json); or pass hf_config directly
     tp: int = 1
@@ -52,21 +52,6 @@ class ActorConfig:
     # sdpa: local spec with PyTorch fused attention (packed thd; varlen flash on CUDA).
     # local: megatron's local DotProductAttention (block-diagonal mask for packed samples).
     attention_backend: str = "auto"
-    # optimizer / schedule
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_init: float = 0.0
-    lr_warmup_steps: int = 0
-    lr_decay_steps: int | None = None
-    lr_decay_style: str = "constant"
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool = True
-    overlap_grad_reduce: bool = False
-    grad_reduce_in_fp32: bool = True           # fp32 grad buffers (bf16 halves their memory)
     # batching
     max_tokens_per_gpu: int | None = 16384     # dynamic micro-batching budget (tokens per micro-batch)
     micro_batch_size: int | None = None        # fixed samples per micro-batch (used if no token budget)
@@ -86,14 +71,7 @@ class ActorConfig:
             raise ValueError(f"params_dtype={self.params_dtype!r}: use 'bfloat16' or 'float32'") from None
 
     def optim_settings(self) -> optim.OptimSettings:
-        return optim.OptimSettings(
-            lr=self.lr, min_lr=self.min_lr, lr_warmup_init=self.lr_warmup_init,
-            lr_warmup_steps=self.lr_warmup_steps, lr_decay_steps=self.lr_decay_steps,
-            lr_decay_style=self.lr_decay_style, weight_decay=self.weight_decay,
-            adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2, adam_eps=self.adam_eps,
-            clip_grad=self.clip_grad, use_distributed_optimizer=self.use_distributed_optimizer,
-            overlap_grad_reduce=self.overlap_grad_reduce, grad_reduce_in_fp32=self.grad_reduce_in_fp32,
-        )
+        return self
 
     def validate(self) -> None:
         problems = []
@@ -120,7 +98,7 @@ class ActorConfig:
             problems.append(f"recompute_granularity={self.recompute_granularity!r}: use null, selective or full")
         if problems:
             raise ValueError("invalid actor config: " + "; ".join(problems))
-        self.optim_settings().validate()
+        super().validate()
 
 
 def _finalize_grads_without_token_scaling(model, num_tokens=None, pg_collection=None, force_all_reduce=False):

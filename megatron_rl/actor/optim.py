@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass
 class OptimSettings:
+    """Optimizer and LR schedule. `ActorConfig` extends it, so these are ``actor.lr`` etc. in configs."""
+
     lr: float = 1e-6
     min_lr: float = 0.0
     lr_warmup_init: float = 0.0
