@@ -60,7 +60,8 @@ def main() -> int:
     summary = run(cfg)
     rows = [json.loads(line) for line in open(os.path.join(log_dir, "metrics.jsonl"))]
     steady = rows[1:] or rows
-    phases = sorted({k for r in steady for k in r if k.startswith("time/")})
+    # the final checkpoint (written once, at the last step) is not part of a steady-state step
+    phases = sorted({k for r in steady for k in r if k.startswith("time/") and k != "time/save"})
     med = {p[5:]: statistics.median(r.get(p, 0.0) for r in steady) for p in phases}
     step_s = sum(med.values())
     toks = statistics.median(r["perf/tokens_per_s"] for r in steady)
