@@ -66,7 +66,11 @@ class Cluster:
             self.placement = create_placement(slots, self.use_gpu)
             engine_gpus = (self.placement.gpu_ids[:world] if self.colocated else self.placement.gpu_ids[world:]) \
                 if self.use_gpu else []
-            self.rollout_mgr = ray.remote(RolloutManager).options(num_cpus=0, max_concurrency=2).remote(
+            # The manager holds no GPU itself, but its engine processes and verifier device workers use
+            # the node's GPUs: keep Ray from hiding them (it blanks CUDA_VISIBLE_DEVICES otherwise).
+            mgr_env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if self.use_gpu else {}
+            self.rollout_mgr = ray.remote(RolloutManager).options(
+                num_cpus=0, max_concurrency=2, runtime_env={"env_vars": mgr_env}).remote(
                 cfg, model_dir, tokenizer_path, str(cfg.run_dir), use_gpu=self.use_gpu, engine_gpus=engine_gpus,
                 ray_mode=True)
         else:
