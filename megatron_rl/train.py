@@ -150,10 +150,9 @@ def run(cfg, resume: bool = False) -> dict:
                 print(f"[step {step + 1}] non-finite loss or grad norm: update skipped, weights unchanged", flush=True)
                 if failed_in_a_row >= cfg.train.max_failed_steps:
                     raise RuntimeError(f"{failed_in_a_row} steps in a row were skipped (NaN/inf)")
-            if pending is not None and step + 1 < cfg.train.steps:
+            if pending is not None:
                 # one-step off-policy: the in-flight rollout finishes on the old weights before the sync
-                next_out = pending.result()
-                pending = _done(next_out)
+                pending.result()
             iteration = step + 1
             metrics = rollout_metrics(trajectories)
             history["reward"].append(metrics["reward/mean"])
@@ -186,16 +185,6 @@ def run(cfg, resume: bool = False) -> dict:
     }
     logger.write_summary(summary)
     return summary
-
-
-class _done:
-    """A finished future holding a value (the prefetched rollout of the next step)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
 
 
 def main(argv: list[str] | None = None) -> int:

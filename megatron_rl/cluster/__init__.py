@@ -3,9 +3,9 @@
 `Cluster` starts the roles of a run and speaks for them to the driver loop:
 * `rollout(step)`: generate and verify one step of groups (around it, the colocated placement
   resumes/releases the engines' KV cache and offloads the actor);
-* `compute_logprobs` / `train_step` / `save` / `restore`: the train group;
-* `sync_weights(version)`: actor -> engines (colocated transport when they share GPUs or run on
-  one CPU host, the distributed one otherwise);
+* `train`: the `TrainGroup` (logprobs, train step, checkpoints, reference snapshot);
+* `sync_weights(version)`: actor -> engines (the colocated transport when they share GPUs, the
+  distributed one, gloo or NCCL, for the disaggregated placement);
 * `rollout_async(step)`: the one-step-off-policy overlap (disaggregated placement only).
 
 With ``cluster.backend=local`` (or when Ray cannot be imported) the same roles run in-process with

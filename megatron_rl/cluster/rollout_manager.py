@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -96,7 +97,6 @@ class RolloutManager:
         self.farm = None
         verify = self._make_verify()
         self.agent = AgentLoop(self.tokenizer, generate, verify, cfg.agent)
-        self._rng = random.Random(cfg.seed + 17)
 
     # ---- setup
     def _load_tasks(self) -> list:
@@ -254,8 +254,7 @@ class RolloutManager:
         cfg = self.cfg
         want = cfg.data.prompts_per_step
         cap = want * (1 + cfg.train.max_oversample_rounds) if cfg.train.dynamic_sampling else want
-        requests = self._limited(self._requests(step), cap)
-        unscored: list[str] = []
+        requests = itertools.islice(self._requests(step), cap)
 
         def on_group(group):
             if not any(t.passed for t in group.trajectories) and not self.toy:
@@ -267,8 +266,6 @@ class RolloutManager:
 
         self.ensure_engines()
         groups, stats = self.loop.run(run())
-        for status, n in stats.get("groups_unscored", {}).items():
-            unscored.append(f"{status}:{n}")
         # Tasks whose group could not be scored (infra, aborted) go back to the front of the queue.
         for gid in stats.get("unscored_task_ids", []):
             self.stream.requeue(gid)
@@ -278,24 +275,13 @@ class RolloutManager:
             stats["farm"] = self.farm.stats()
         return RolloutOutput(groups=groups, stats=stats)
 
-    @staticmethod
-    def _limited(it: Iterator, n: int) -> Iterator:
-        for i, x in enumerate(it):
-            if i >= n:
-                return
-            yield x
-
     # ---- checkpointed state
     def state_dict(self) -> dict:
-        return {"stream": self.stream.state_dict(), "bdr": self.bdr.state_dict(),
-                "rng": self._rng.getstate()}
+        return {"stream": self.stream.state_dict(), "bdr": self.bdr.state_dict()}
 
     def load_state_dict(self, st: dict) -> None:
         self.stream.load_state_dict(st["stream"])
         self.bdr.load_state_dict(st["bdr"])
-        rng = st.get("rng")
-        if rng is not None:
-            self._rng.setstate(_tupleize(rng))
 
     def shutdown(self) -> None:
         try:
@@ -310,6 +296,3 @@ class RolloutManager:
             self.farm.close(drain=False)
         self.loop.close()
 
-
-def _tupleize(x):
-    return tuple(_tupleize(v) for v in x) if isinstance(x, list) else x

@@ -121,12 +121,12 @@ class _Relauncher:
     async def relaunch(self) -> str:
         if self.relauncher is None:
             raise RuntimeError(f"engine {self.name} died and no relauncher was given")
-        ref = self.relauncher.relaunch_engine.remote(self.name) if hasattr(self.relauncher, "relaunch_engine") \
-            and hasattr(self.relauncher.relaunch_engine, "remote") else None
-        if ref is not None:
-            return await ref
+        method = self.relauncher.relaunch_engine
+        if hasattr(method, "remote"):  # a Ray actor handle: ObjectRefs are awaitable
+            return await method.remote(self.name)
         import asyncio
-        return await asyncio.to_thread(self.relauncher.relaunch_engine, self.name)
+
+        return await asyncio.to_thread(method, self.name)
 
 
 class TrainGroup:
