@@ -1,7 +1,7 @@
 """Training throughput / MFU of the Megatron actor on one GPU (Qwen3-8B-shaped layers, bf16).
 
     python bench/actor_mfu.py [--layers 12] [--seq 4096] [--seqs 8] [--steps 2] [--only NAME,...]
-                              [--max-fit-layers 26] [--out bench/results/actor_mfu.json]
+                              [--max-fit-layers 26,22] [--out bench/results/actor_mfu.json]
 
 Each configuration of the sweep runs `MegatronActor.train_step` (SFT loss, distributed Adam,
 random weights and tokens) in a fresh process, so an out-of-memory configuration cannot disturb
@@ -39,6 +39,7 @@ SWEEP = {
     "sdpa_recompute_full": {"recompute_granularity": "full"},
     "sdpa_bias_swiglu_fusion": {"megatron": {"bias_activation_fusion": True}},
     "sdpa_bf16_grads": {"grad_reduce_in_fp32": False},
+    "sdpa_pack2_bf16_grads": {"max_tokens_per_gpu": 2, "grad_reduce_in_fp32": False},
 }
 # Fusions that need a kernel library the GPU machine lacks; probed without starting a child.
 NEEDS = {
@@ -190,7 +191,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--only", default=None, help="comma-separated sweep names")
-    ap.add_argument("--max-fit-layers", default="26", help="comma-separated layer counts to try with full "
+    ap.add_argument("--max-fit-layers", default="26,22", help="comma-separated layer counts to try with the fastest sweep options, then with full "
                     "recompute and bf16 grads; the largest that runs is reported ('' to skip)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")
     ap.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke test of the script)")
@@ -229,10 +230,15 @@ def main() -> int:
         why = probe_fusion(module)
         if why is not None:
             report["fusions_unavailable"][flag] = f"needs {what} ({why})"
-    for layers in [int(x) for x in args.max_fit_layers.split(",") if x.strip()]:
-        case = {**base, "layers": layers, "recompute_granularity": "full", "grad_reduce_in_fp32": False}
+    # the largest model that fits: the fastest sweep options first, full recompute only when that runs out of memory
+    ok = [(n, r) for n, r in report["sweep"].items() if r.get("ok")]
+    fastest = json.loads(json.dumps(SWEEP[max(ok, key=lambda nr: nr[1]["tflops"])[0]])) if ok else {}
+    attempts = [(layers, extra) for layers in [int(x) for x in args.max_fit_layers.split(",") if x.strip()]
+                for extra in (fastest, {**fastest, "recompute_granularity": "full", "grad_reduce_in_fp32": False})]
+    for layers, extra in attempts:
+        case = {**base, **extra, "layers": layers}
         res = spawn_case(case, args.timeout + 60)
-        res["layers"] = layers
+        res.update(layers=layers, overrides=extra)
         print("max_fit", json.dumps(res), file=sys.stderr, flush=True)
         if res.get("ok"):
             report["max_fit"] = res

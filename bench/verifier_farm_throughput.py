@@ -298,7 +298,12 @@ def _verdicts(cands: list[Candidate], results: list[Any]) -> dict[str, Any]:
                                "feedback": r.feedback[:400],
                                "why": str(det.get("infra_reason") or det.get("traceback") or "")[-1500:],
                                "infra_history": [h[-600:] for h in det.get("infra_history", [])][:2]})
-    return {"expected_verdicts": agree, "total": len(cands), "by_kind": by_kind, "unexpected": unexpected}
+    phases: dict[str, list[float]] = {}
+    for r in results:
+        for k, v in ((r.details or {}).get("phase_seconds") or {}).items():
+            phases.setdefault(k, []).append(v)
+    return {"expected_verdicts": agree, "total": len(cands), "by_kind": by_kind, "unexpected": unexpected,
+            "device_stage_seconds_median": {k: round(statistics.median(v), 3) for k, v in phases.items()}}
 
 
 def timing_repeats(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, repeats: int) -> dict[str, Any]:

@@ -95,27 +95,33 @@ def run(cfg, resume: bool = False) -> dict:
     logger = RunLogger(cfg.run_dir, dump_samples=cfg.train.dump_samples)
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     print(f"[run] logs, samples and TensorBoard in {cfg.run_dir}", flush=True)
-    model_dir, tokenizer_path = prepare_model(cfg)
+    startup = PhaseTimer()
+    with startup("model"):
+        model_dir, tokenizer_path = prepare_model(cfg)
     ckpt_root = str(cfg.ckpt_root)
     if resume and latest_iteration(ckpt_root) is None:
         raise SystemExit(f"--resume: no checkpoint under {ckpt_root}")
 
-    cluster = Cluster(cfg, model_dir, tokenizer_path)
+    with startup("cluster"):
+        cluster = Cluster(cfg, model_dir, tokenizer_path)
     history: dict[str, list] = {"reward": []}
     steps_done = 0
     try:
-        if resume:
-            extra = cluster.train.load(ckpt_root)
-            start = int(extra["step"])
-            cluster.load_rollout_state(extra["rollout"])
-            history = extra.get("history", history)
-            print(f"[run] resumed at step {start} from {ckpt_root}", flush=True)
-        else:
-            cluster.train.load_hf()
-            start = 0
-        if cfg.loss.kl_loss_coef > 0:
-            cluster.train.snapshot_ref()  # the KL reference is the starting policy
-        cluster.sync_weights(start)
+        with startup("load"):
+            if resume:
+                extra = cluster.train.load(ckpt_root)
+                start = int(extra["step"])
+                cluster.load_rollout_state(extra["rollout"])
+                history = extra.get("history", history)
+                print(f"[run] resumed at step {start} from {ckpt_root}", flush=True)
+            else:
+                cluster.train.load_hf()
+                start = 0
+            if cfg.loss.kl_loss_coef > 0:
+                cluster.train.snapshot_ref()  # the KL reference is the starting policy
+        with startup("first sync"):
+            cluster.sync_weights(start)
+        print("[run] ready in " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.seconds.items()), flush=True)
 
         pending = cluster.rollout_async(start) if cfg.cluster.async_rollout else None
         failed_in_a_row = 0

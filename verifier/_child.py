@@ -210,7 +210,7 @@ class DeviceSession:
         self.ref_model = self.new_model = self.compiled_ref = None
         self.args: dict[str, list] = {}
         self.outputs: dict[str, object] = {}   # every output of the current timing trial stays alive
-        self.last_cand = None
+        self.last_cand: list = []
         self.flusher = None
         self.counter = 0
 
@@ -323,64 +323,81 @@ class DeviceSession:
         return reply
 
     def warmup(self, msg):
+        """Warm every runner up; report a rough per-call time and the bytes of one input set and of each
+        runner's output, from which the parent sizes the timed batches."""
         from verifier import inputs, timing
         if self.flusher is None:
             nbytes = timing.flush_bytes(self.backend, _Cfg(self.job), 0)
             self.flusher = timing.CacheFlusher(self.device, nbytes)
         if msg.get("compile_ref") and self.compiled_ref is None:
             self.compiled_ref = self.torch.compile(self.ref_model)
+        est_ms, output_bytes, input_bytes = {}, {}, 0
         for runner in msg["runners"]:
             model = self._model(runner)
-            for _ in range(int(msg["n"])):
+            times = []
+            for _ in range(max(int(msg["n"]), 1)):
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
-                model(*args)
-                self.timer.synchronize()
-        return {"op": "warmed", "flush_bytes": self.flusher.nbytes}
+                input_bytes = self._nbytes(args)
+                out, ms, _ = self.timer.time_call(lambda: model(*args))
+                times.append(ms)
+                output_bytes[runner] = self._nbytes(out)
+                del out
+            est_ms[runner] = min(times)
+        flush_ms = min(self.timer.time_call(self.flusher.flush)[1] for _ in range(3))
+        return {"op": "warmed", "flush_bytes": self.flusher.nbytes, "est_ms": est_ms, "input_bytes": input_bytes,
+                "output_bytes": output_bytes, "flush_ms": flush_ms}
+
+    def _nbytes(self, value) -> int:
+        from verifier.correctness import flatten_outputs
+        leaves, _ = flatten_outputs(value)
+        return sum(x.nbytes for x in leaves if isinstance(x, self.torch.Tensor))
 
     def _model(self, runner):
         return {"ref": self.ref_model, "cand": self.new_model, "ref_compile": self.compiled_ref}[runner]
 
     def prepare(self, msg):
+        """Fresh inputs for every call of the coming timed batches (one seed per call), cloned per runner so
+        that no runner sees another's writes, nor inputs it has already seen (no caching by pointer)."""
         from verifier import inputs
-        self.args = {}
+        self.args = {r: [] for r in msg["runners"]}
         self.outputs = {}
-        self.last_cand = None
-        base = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
-        for runner in msg["runners"]:
-            self.args[runner] = [x.clone() if isinstance(x, self.torch.Tensor) else x for x in base]
-        del base
+        self.last_cand = []
+        for seed in msg["seeds"]:
+            base = inputs.make_inputs(self.task, int(seed), self.device, self.precision)
+            for runner in msg["runners"]:
+                self.args[runner].append([x.clone() if isinstance(x, self.torch.Tensor) else x for x in base])
+            del base
         self.timer.synchronize()
         return {"op": "prepared"}
-
-    def flush(self, msg):
-        self.flusher.flush()
-        self.timer.synchronize()
-        return {"op": "flushed"}
 
     def call(self, msg):
         import gc
         runner = msg["runner"]
-        model, args = self._model(runner), self.args[runner]
+        model = self._model(runner)
+        calls = [(lambda a=a: model(*a)) for a in self.args[runner]]
         gc.disable()
         try:
-            out, ms, host_ms = self.timer.time_call(lambda: model(*args))
+            batch = self.timer.time_batch(calls, self.flusher.flush)
         finally:
             gc.enable()
         from verifier.correctness import flatten_outputs
-        leaves, _ = flatten_outputs(out)
-        plain = all(type(x) is self.torch.Tensor for x in leaves if isinstance(x, self.torch.Tensor))
-        # keep the output alive until the next trial: a candidate timed after the reference must not get the
-        # reference's just-freed output block (with the right answer in it) from the caching allocator
-        self.outputs[runner] = out
+        plain = True
+        for out in batch.outputs:
+            leaves, _ = flatten_outputs(out)
+            plain &= all(type(x) is self.torch.Tensor for x in leaves if isinstance(x, self.torch.Tensor))
+        # every output of the trial stays alive until the next one: a call must never be handed a block that
+        # holds a just-freed right answer (the reference's, or its own from the previous call)
+        self.outputs[runner] = batch.outputs
         if runner == "cand":
-            self.last_cand = out
-        return {"op": "called", "ms": ms, "host_ms": host_ms, "plain_tensors": plain}
+            self.last_cand = batch.outputs
+        return {"op": "called", "span_ms": batch.span_ms, "rep_ms": batch.rep_ms, "flush_ms": batch.flush_ms,
+                "plain_tensors": plain}
 
     def audit(self, msg):
-        if self.last_cand is None:
+        if not self.last_cand:
             return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
                                                                  "message": "no timed output to audit"}}
-        reply = self._save(self.last_cand)
+        reply = self._save(self.last_cand[int(msg.get("rep", 0)) % len(self.last_cand)])
         reply["op"] = "audited"
         return reply
 
@@ -413,7 +430,7 @@ def run_device(job: dict, chan: Channel) -> None:
         return
     chan.send({"op": "loaded", "timer_patched": session.timer.patched(session.backend)})
     handlers = {"construct": session.construct, "trial": session.trial, "warmup": session.warmup,
-                "prepare": session.prepare, "flush": session.flush, "call": session.call, "audit": session.audit}
+                "prepare": session.prepare, "call": session.call, "audit": session.audit}
     while True:
         msg = chan.recv()
         op = msg.get("op")

@@ -42,6 +42,9 @@ class VerifierConfig:
     num_warmup: int = 3
     num_timing_trials: int = 20          # median over these
     time_budget_s: float = 10.0          # stop timing early once this much timing wall time is spent
+    timing_batch_ms: float = 20.0        # each trial times this much back-to-back calls per runner (do_bench style)
+    max_timing_reps: int = 100           # at most this many calls per runner and trial, each on fresh inputs
+    timing_memory_bytes: int = 4 * GiB   # the trial's fresh inputs and kept-alive outputs fit in this
     compile_timeout_s: float = 600.0     # total compiler time one candidate may use
     run_timeout_s: float = 180.0         # wall clock of one sandboxed child after its harness is up
                                          # (compile time excluded)
@@ -97,7 +100,8 @@ class VerifierConfig:
                                  f"tolerance in (0, 1), got {v!r}")
         positive_ints = ("num_correct_trials", "num_timing_trials", "max_response_bytes", "memory_limit_bytes",
                          "file_size_limit_bytes", "max_processes", "max_open_files", "feedback_max_chars",
-                         "cpu_threads", "max_output_tail_bytes")
+                         "cpu_threads", "max_output_tail_bytes", "max_timing_reps",
+                         "timing_memory_bytes")
         for name in positive_ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -107,7 +111,7 @@ class VerifierConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"VerifierConfig.{name} must be a non-negative integer, got {v!r}")
         for name in ("time_budget_s", "compile_timeout_s", "run_timeout_s", "speedup_cap", "cpu_time_limit_s",
-                     "scale_floor", "startup_timeout_s"):
+                     "scale_floor", "startup_timeout_s", "timing_batch_ms"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"VerifierConfig.{name} must be a positive number, got {v!r}")

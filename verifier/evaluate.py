@@ -38,7 +38,7 @@ from .fallback import candidate_kernels, forbidden_ops
 from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
-from .timing import TimedCall, implausible_timing, stats
+from .timing import TimedCall, choose_reps, implausible_timing, stats
 from .types import Category, VerifyResult, reward_eq2
 
 
@@ -120,6 +120,13 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
 _TRIAL_FIELDS = {"file": str, "spec": (str, dict), "n_outputs": int, "values": dict, "types": list,
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list}
+
+
+def _number(value: Any, default: float = math.nan) -> float:
+    """A child-reported number as a float; anything else becomes ``default`` (NaN is judged implausible)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    return float(value)
 
 
 def _checked(msg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -293,6 +300,12 @@ class _DeviceStage:
         headline = f"{err.get('type')}: {str(err.get('message', '')).strip()[:700]}"
         return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(where, headline, err.get("traceback", "")))
 
+    def _lap(self, phase: str) -> None:
+        """Seconds spent in each device-stage phase (child start, candidate import, correctness, timing)."""
+        now = time.monotonic()
+        self.details.setdefault("phase_seconds", {})[phase] = round(now - self._last_lap, 3)
+        self._last_lap = now
+
     def _ask(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
         reply = self.conv.ask(msg)
         if reply.get("op") == "error":
@@ -317,9 +330,12 @@ class _DeviceStage:
                                                                           f" {type(e).__name__}: {e}"))
         self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
         q = 0.0
+        self._last_lap = time.monotonic()
         try:
             self._start()
+            self._lap("start")
             loaded = _checked(self.conv.expect(), {"timer_patched": list})
+            self._lap("import")
             if loaded.get("op") == "error":
                 raise self._fail_from_error(loaded)
             if loaded.get("op") != "loaded":
@@ -341,8 +357,10 @@ class _DeviceStage:
             q = self._correctness(ref_model)
             if self.backend.is_gpu:
                 self.backend.empty_cache()  # hand the parent's cached reference blocks back to the device
+            self._lap("correctness")
             self.phase = "timing"
             t_ref, t_cand, t_comp = self._timing(ref_model)
+            self._lap("timing")
             del ref_model
             speedup = t_ref / t_cand if t_cand > 0 else math.inf
             speedup_compile = (t_comp / t_cand) if (t_comp is not None and t_cand > 0) else None
@@ -477,8 +495,13 @@ class _DeviceStage:
         cfg = self.cfg
         runners = ["ref", "cand"] + (["ref_compile"] if cfg.compare_torch_compile else [])
         rng = random.Random(secrets.randbits(64))
-        warm = self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63), "runners": runners,
-                          "compile_ref": cfg.compare_torch_compile}, "warmed")
+        warm = _checked(self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63),
+                                   "runners": runners, "compile_ref": cfg.compare_torch_compile}, "warmed"),
+                        {"est_ms": dict, "input_bytes": int, "output_bytes": dict})
+        est = {r: _number(warm.get("est_ms", {}).get(r)) for r in runners}
+        out_bytes = {r: int(_number(warm.get("output_bytes", {}).get(r), 0.0)) for r in runners}
+        reps = choose_reps(est, int(warm.get("input_bytes", 0)), out_bytes, cfg.timing_batch_ms,
+                           cfg.max_timing_reps, cfg.timing_memory_bytes, _number(warm.get("flush_ms"), 0.0))
         self.details["flush_bytes"] = warm.get("flush_bytes")
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
         calls: list[TimedCall] = []
@@ -487,28 +510,34 @@ class _DeviceStage:
         for j in range(cfg.num_timing_trials):
             if j >= 3 and time.monotonic() - t_start > cfg.time_budget_s:
                 break
-            seed = secrets.randbits(63)
-            self._ask({"op": "prepare", "seed": seed, "runners": runners}, "prepared")
+            seeds = [secrets.randbits(63) for _ in range(reps)]
+            self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
             order = list(runners)
             rng.shuffle(order)
             for runner in order:
-                self._ask({"op": "flush"}, "flushed")
                 t0 = time.monotonic()
                 reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
-                                 {"ms": (int, float), "plain_tensors": bool})
+                                 {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float),
+                                  "plain_tensors": bool})
                 wall_ms = (time.monotonic() - t0) * 1e3
-                calls.append(TimedCall(runner, float(reply.get("ms", float("nan"))), wall_ms))
+                rep_ms = [_number(x) for x in reply.get("rep_ms", [])]
+                if len(rep_ms) != reps:
+                    rep_ms = [math.nan] * reps   # a reply that does not match the request is implausible
+                calls.append(TimedCall(runner, _number(reply.get("span_ms")), wall_ms, rep_ms,
+                                       _number(reply.get("flush_ms"))))
                 if runner == "cand" and not reply.get("plain_tensors", False):
                     raise _Verdict(Category.CHEATING, feedback.cheating(
                         "tensor_subclass_output", "a timed call returned a tensor subclass (lazy output)"),
                         rule="tensor_subclass_output", q=1.0)
                 if runner == "cand" and j in audits:
-                    self._audit(ref_model, seed)
+                    k = rng.randrange(reps)   # which call of the batch, picked after the batch ran
+                    self._audit(ref_model, seeds[k], k)
             done += 1
         problem = implausible_timing(calls)
-        by = {r: [c.reported_ms for c in calls if c.runner == r] for r in runners}
+        by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}
         self.details["timing"] = {r: stats(v) for r, v in by.items()}
         self.details["timing"]["trials"] = done
+        self.details["timing"]["calls_per_trial"] = reps
         self.details["timing"]["wall_ms"] = stats([c.wall_ms for c in calls if c.runner == "cand"])
         if problem:
             raise _Verdict(Category.CHEATING, feedback.cheating("implausible_timing", problem),
@@ -516,8 +545,8 @@ class _DeviceStage:
         med = {r: self.details["timing"][r]["median"] for r in runners}
         return med["ref"], med["cand"], med.get("ref_compile")
 
-    def _audit(self, ref_model, seed: int) -> None:
-        report = _checked(self._ask({"op": "audit"}, "audited"), _TRIAL_FIELDS)
+    def _audit(self, ref_model, seed: int, rep: int = 0) -> None:
+        report = _checked(self._ask({"op": "audit", "rep": rep}, "audited"), _TRIAL_FIELDS)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
         leaves = self._load_outputs(report, ref_leaves)
         c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)

@@ -3,14 +3,19 @@ what the child reports (parent side).
 
 Child side. ``CapturedTimer`` takes ``time.perf_counter`` and the backend's event class, ``record``,
 ``elapsed_time`` and ``synchronize`` when the harness starts, before the candidate is imported; patching
-those names later changes nothing the timer calls. A timed call is: L2 flush (a separate step, buffer
->= 2x the L2 size; a modest buffer on cpu), full device sync, start event, the call, full device sync
-(captures work on any stream), end event. On cpu the host clock brackets the call.
+those names later changes nothing the timer calls. A timed request runs a batch of calls back to back,
+the way ``triton.testing.do_bench`` does, so that launch latency and synchronisation wake-ups stay out of
+sub-millisecond timings: per call an L2 flush (buffer >= 2x the L2 size; a modest buffer on cpu) and the
+call, each bracketed by events on the current stream, every call on its own fresh inputs. A full device
+sync opens and closes the batch, and the device-wide span between them bounds the per-call figure from
+below: work hidden on another stream or deferred past the call's end event still counts (see
+``TimedCall.call_ms``). On cpu the host clock does the same.
 
-Parent side. The parent drives every timed call as its own request/response round trip and measures
-the wall time of each. A reported time larger than the parent-observed wall time is impossible, and a
-candidate whose reported times leave systematically more unexplained wall time than the reference's (same
-harness path) is understating its time. Speedups above ``speedup_cap`` are implausible.
+Parent side. The parent drives every timed request as its own round trip and measures its wall time. A
+reported span larger than the parent-observed wall time is impossible, per-call times that do not fit in
+the span are impossible, and a candidate whose reported spans leave systematically more unexplained wall
+time than the reference's (same harness path) is understating its time. Speedups above ``speedup_cap``
+are implausible.
 """
 from __future__ import annotations
 
@@ -70,6 +75,48 @@ class CapturedTimer:
         h1 = self._perf()
         return out, float(self._elapsed(start, end)), (h1 - h0) * 1e3
 
+    def time_batch(self, calls: list[Callable[[], Any]], flush: Callable[[], None]) -> BatchTiming:
+        """Run ``calls`` back to back, each after ``flush``; see the module docstring."""
+        outputs: list[Any] = []
+        if self._event_cls is None:
+            rep_ms, flush_ms = [], 0.0
+            a = self._perf()
+            for fn in calls:
+                f0 = self._perf()
+                flush()
+                s0 = self._perf()
+                outputs.append(fn())
+                e0 = self._perf()
+                rep_ms.append((e0 - s0) * 1e3)
+                flush_ms += (s0 - f0) * 1e3
+            return BatchTiming(outputs, rep_ms, flush_ms, (self._perf() - a) * 1e3)
+        new = lambda: self._event_cls(enable_timing=True)  # noqa: E731
+        n = len(calls)
+        f_ev, s_ev, e_ev = [new() for _ in range(n)], [new() for _ in range(n)], [new() for _ in range(n)]
+        a, b = new(), new()
+        self._sync()
+        self._record(a)
+        for i, fn in enumerate(calls):
+            self._record(f_ev[i])
+            flush()
+            self._record(s_ev[i])
+            outputs.append(fn())
+            self._record(e_ev[i])
+        self._sync()          # device-wide: work on any stream ends inside the span
+        self._record(b)
+        self._sync()
+        rep_ms = [float(self._elapsed(s_ev[i], e_ev[i])) for i in range(n)]
+        flush_ms = sum(float(self._elapsed(f_ev[i], s_ev[i])) for i in range(n))
+        return BatchTiming(outputs, rep_ms, flush_ms, float(self._elapsed(a, b)))
+
+
+@dataclasses.dataclass
+class BatchTiming:
+    outputs: list[Any]
+    rep_ms: list[float]      # each call's own interval (after its flush)
+    flush_ms: float          # all flushes together
+    span_ms: float           # the whole batch between full device syncs
+
 
 class CacheFlusher:
     """Overwrite a buffer larger than the cache before each timed call (cold-cache timing)."""
@@ -94,9 +141,39 @@ def flush_bytes(backend, cfg, index: int = 0) -> int:
 # ------------------------------------------------------------------------------------------ parent side
 @dataclasses.dataclass
 class TimedCall:
+    """One timed request as the child reported it, plus the parent's own wall clock of the round trip."""
     runner: str          # "ref" | "cand" | "ref_compile"
-    reported_ms: float   # what the child says the call took
+    reported_ms: float   # the child's span of the whole request (all its calls and flushes)
     wall_ms: float       # parent-observed round trip of the request
+    rep_ms: list[float] | None = None   # the child's per-call times (None: one call, reported_ms)
+    flush_ms: float = 0.0
+
+    @property
+    def reps(self) -> int:
+        return len(self.rep_ms) if self.rep_ms else 1
+
+    @property
+    def call_ms(self) -> float:
+        """Time of one call: the median of the per-call intervals, but never less than the span's share
+        per call once the flushes are taken out. For an honest kernel on the timed stream both agree
+        (the span adds one sync wake-up over the whole batch); work moved to another stream or past
+        the end event shows up only in the span."""
+        if not self.rep_ms:
+            return self.reported_ms
+        return max(statistics.median(self.rep_ms), (self.reported_ms - self.flush_ms) / len(self.rep_ms))
+
+
+def choose_reps(est_ms: dict[str, float], input_bytes: int, output_bytes: dict[str, int], batch_ms: float,
+                max_reps: int, memory_bytes: int, flush_ms: float = 0.0) -> int:
+    """Calls per timed request: enough to fill ``batch_ms`` (calls and their flushes) for the slowest
+    runner, within ``max_reps``, and few enough that every call's fresh inputs and kept-alive outputs fit
+    in ``memory_bytes``."""
+    slowest = max((v for v in est_ms.values() if math.isfinite(v) and v >= 0), default=math.inf)
+    flush_ms = flush_ms if math.isfinite(flush_ms) and flush_ms > 0 else 0.0
+    by_time = math.floor(batch_ms / max(slowest + flush_ms, 1e-3)) if math.isfinite(slowest) else 1
+    per_rep = sum(max(int(input_bytes), 0) + max(int(output_bytes.get(r, 0)), 0) for r in est_ms)
+    by_memory = memory_bytes // per_rep if per_rep > 0 else max_reps
+    return int(max(1, min(max_reps, by_time, by_memory)))
 
 
 def stats(values: list[float]) -> dict[str, float]:
@@ -111,6 +188,12 @@ def implausible_timing(calls: list[TimedCall]) -> str | None:
     for c in calls:
         if not math.isfinite(c.reported_ms) or c.reported_ms < 0:
             return f"{c.runner} call reported a time of {c.reported_ms!r} ms"
+        parts = list(c.rep_ms or []) + [c.flush_ms]
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in parts):
+            return f"{c.runner} call reported per-call times {c.rep_ms!r} / flush {c.flush_ms!r} ms"
+        if c.rep_ms and sum(parts) > c.reported_ms * 1.01 + 0.01 * c.reps:
+            return (f"{c.runner} call reported {sum(c.rep_ms):.3f} ms of calls and {c.flush_ms:.3f} ms of "
+                    f"flushes inside a span of {c.reported_ms:.3f} ms")
         if c.reported_ms > c.wall_ms * 1.01 + 0.1:
             return (f"{c.runner} call reported {c.reported_ms:.3f} ms but the whole request took "
                     f"{c.wall_ms:.3f} ms of the parent's wall clock")

@@ -52,7 +52,19 @@ def build_model(hf_config, par: ParallelSizes, opt: BuildOptions | None = None, 
             vp_stage=vp_stage if par.vpp else None,
             **kwargs,
         )
+        _cast_floating_params(model, opt.params_dtype)
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
         chunks.append(model)
     return chunks
+
+
+def _cast_floating_params(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating parameter in ``params_dtype``, as Megatron-LM's Float16Module does for bf16 training.
+
+    The local spec's torch norms ignore ``config.params_dtype`` and come out fp32: left alone they would
+    export as fp32 tensors, and under the distributed optimizer fp32 params get main-param views into the
+    DDP buffer instead of copies, which breaks optimizer offload."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)

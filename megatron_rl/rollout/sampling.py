@@ -117,28 +117,40 @@ def filtered_probs(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
 
 
+def draw(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of unnormalised ``weights`` [B, V] by inverse-CDF sampling: each row's uniform
+    comes from its own generator (so a seeded request draws the same token whatever shares its batch),
+    and the search over the cumulative weights runs for the whole batch at once. Zero-weight tokens are
+    never drawn."""
+    cdf = weights.double().cumsum(dim=-1) if weights.device.type == "cpu" else weights.float().cumsum(dim=-1)
+    u = torch.cat([torch.rand(1, generator=g, device=g.device, dtype=torch.float64) for g in generators])
+    target = (u.to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
+    # rounding can land the last index on a zero-weight tail token: take the row's top token instead
+    bad = weights.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
+    return torch.where(bad, weights.argmax(dim=-1), idx)
+
+
 def sample(logits: torch.Tensor, params: list[RequestSampling], generators: list[torch.Generator]
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step for a batch: returns (tokens [B], logprobs of those tokens [B])."""
     device = logits.device
     temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
     logprobs = rollout_logprobs(logits, temps)
-    tokens = torch.empty(len(params), dtype=torch.long, device=device)
-    greedy = [i for i, p in enumerate(params) if p.greedy]
+    tokens = logprobs.argmax(dim=-1)                      # what greedy rows keep
     stochastic = [i for i, p in enumerate(params) if not p.greedy]
-    if greedy:
-        g = torch.tensor(greedy, device=device)
-        tokens[g] = logprobs[g].argmax(dim=-1)
     if stochastic:
         s = torch.tensor(stochastic, device=device)
         sub = [params[i] for i in stochastic]
-        weights = filtered_probs(
-            logprobs[s],
-            torch.tensor([p.top_k for p in sub], device=device),
-            torch.tensor([p.top_p for p in sub], device=device),
-            torch.tensor([p.min_p for p in sub], device=device),
-        )
-        for row, i in enumerate(stochastic):
-            tokens[i] = torch.multinomial(weights[row], 1, generator=generators[i])[0]
+        if any(p.top_k >= 1 or p.top_p < 1.0 or p.min_p > 0.0 for p in sub):
+            weights = filtered_probs(
+                logprobs[s],
+                torch.tensor([p.top_k for p in sub], device=device),
+                torch.tensor([p.top_p for p in sub], device=device),
+                torch.tensor([p.min_p for p in sub], device=device),
+            )
+        else:                                              # nothing to filter: skip the vocabulary sort
+            weights = logprobs[s].exp()
+        tokens[s] = draw(weights, [generators[i] for i in stochastic])
     picked = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, picked

@@ -53,3 +53,42 @@ def test_stats():
     s = stats([3.0, 1.0, 2.0, 10.0])
     assert s["n"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 10.0 and s["mean"] == 4.0
     assert stats([]) == {"n": 0}
+
+
+def test_batch_times_each_call_apart_from_its_flush():
+    timer = CapturedTimer(get_backend("cpu"))
+    batch = timer.time_batch([lambda i=i: (time.sleep(0.004), i)[1] for i in range(4)],
+                             lambda: time.sleep(0.002))
+    assert batch.outputs == [0, 1, 2, 3]                       # every call's output is kept, in order
+    assert len(batch.rep_ms) == 4 and all(3.9 <= ms < 40 for ms in batch.rep_ms)
+    assert batch.flush_ms >= 4 * 1.9
+    assert batch.span_ms >= sum(batch.rep_ms) + batch.flush_ms
+    call = TimedCall("cand", batch.span_ms, batch.span_ms + 1.0, batch.rep_ms, batch.flush_ms)
+    assert 3.9 <= call.call_ms < 40 and implausible_timing([call]) is None
+
+
+def test_span_floors_work_hidden_outside_the_call_events():
+    # ten calls whose own events show 0.01 ms, inside a 10 ms span of which 0.5 ms were flushes: the work
+    # ran somewhere the per-call events did not see (another stream, after the end event)
+    hidden = TimedCall("cand", 10.0, 11.0, [0.01] * 10, 0.5)
+    assert hidden.call_ms == pytest.approx(0.95)
+    honest = TimedCall("cand", 10.2, 11.0, [0.95] * 10, 0.6)
+    assert honest.call_ms == pytest.approx(0.96)
+    assert TimedCall("ref", 2.0, 3.0).call_ms == 2.0          # a single call without per-call times
+
+
+@pytest.mark.parametrize("rep_ms, flush_ms", [([1.0] * 10, 1.0), ([float("nan")] * 3, 0.0), ([0.1, -0.1], 0.0),
+                                              ([0.1], float("inf"))])
+def test_per_call_times_that_cannot_fit_in_the_span(rep_ms, flush_ms):
+    assert implausible_timing([TimedCall("cand", 5.0, 6.0, rep_ms, flush_ms)])
+
+
+def test_choose_reps():
+    from verifier.timing import choose_reps
+    assert choose_reps({"ref": 0.2, "cand": 0.1}, 1 << 20, {"ref": 1 << 20, "cand": 1 << 20}, 20.0, 100, 1 << 30) == 100
+    assert choose_reps({"ref": 0.2, "cand": 4.0}, 1 << 20, {}, 20.0, 100, 1 << 30) == 5       # the slowest runner
+    assert choose_reps({"ref": 0.01, "cand": 0.01}, 100 << 20, {"ref": 50 << 20, "cand": 50 << 20}, 20.0, 100,
+                       1 << 30) == 3                                                          # memory-bound
+    assert choose_reps({"ref": 500.0, "cand": 0.1}, 0, {}, 20.0, 100, 1 << 30) == 1
+    assert choose_reps({"ref": float("nan"), "cand": float("nan")}, 0, {}, 20.0, 100, 1 << 30) == 1
+    assert choose_reps({"ref": 0.2, "cand": 0.1}, 0, {}, 20.0, 100, 1 << 30, flush_ms=0.8) == 20  # flushes count too
