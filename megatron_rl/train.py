@@ -145,9 +145,10 @@ def run(cfg, resume: bool = False) -> dict:
             with timer("advantages"):
                 samples, trajectories = build_train_batch(out.groups, cfg.advantage)
             with timer("logprobs"):
-                _attach(samples, "old_logprobs", cluster.train.compute_logprobs(samples))
+                # the losses read π_old and π_ref on trained tokens only: no output layer over the prompts
+                _attach(samples, "old_logprobs", cluster.train.compute_logprobs(samples, trained_only=True))
                 if cfg.loss.kl_loss_coef > 0:
-                    _attach(samples, "ref_logprobs", cluster.train.compute_ref_logprobs(samples))
+                    _attach(samples, "ref_logprobs", cluster.train.compute_ref_logprobs(samples, trained_only=True))
             with timer("train"):
                 train_metrics = cluster.train.train_step(samples, cfg.loss)
             skipped = bool(train_metrics.get("skipped"))

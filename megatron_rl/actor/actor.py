@@ -244,18 +244,22 @@ class MegatronActor:
 
     # ----- logprobs --------------------------------------------------------------------------
     @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[TrainSample], with_entropy: bool = False):
+    def compute_logprobs(self, samples: Sequence[TrainSample], with_entropy: bool = False,
+                         trained_only: bool = False):
         """Per-sample ``log p(tokens[i] | tokens[:i])`` (index 0 is 0), on every rank.
 
         Returns a list of float32 CPU tensors of ``len(tokens)``; with ``with_entropy`` a pair
         ``(logprobs, entropies)`` where ``entropies[i]`` is the entropy of the distribution that
-        predicted token i. Forward-only through the pipeline schedule; results are assembled
-        from the last PP stage of every DP replica with one world all-reduce.
+        predicted token i. ``trained_only`` computes tokens with ``loss_mask == 1`` only (the
+        others are 0): RL losses read nothing else, and it spares the output layer the prompts.
+        Forward-only through the pipeline schedule; results are assembled from the last PP stage
+        of every DP replica with one world all-reduce.
         """
         validate_samples(samples, vocab_size=self.vocab_size)
         self._check_onloaded()
         plan = self._plan(samples)
-        mbs = [pack_micro_batch(samples, idx, rows="all", pad_multiple=self._pad_multiple).to(self.device)
+        rows = "trained" if trained_only else "all"
+        mbs = [pack_micro_batch(samples, idx, rows=rows, pad_multiple=self._pad_multiple).to(self.device)
                for idx in plan.for_rank(self.dp_rank)]
         spec = ForwardSpec(self.vocab_size, self.cfg.logprob_chunk_size, with_entropy, self.packed_mode)
 

@@ -53,14 +53,15 @@ class TrainWorker:
         return [p for chunk in self.actor.model for p in chunk.parameters()]
 
     # ---- compute
-    def compute_logprobs(self, samples, with_entropy: bool = False) -> list[list[float]] | None:
-        out = self.actor.compute_logprobs(samples, with_entropy=with_entropy)
+    def compute_logprobs(self, samples, with_entropy: bool = False, trained_only: bool = False
+                         ) -> list[list[float]] | None:
+        out = self.actor.compute_logprobs(samples, with_entropy=with_entropy, trained_only=trained_only)
         if self.rank != 0:
             return None
         lps = out[0] if isinstance(out, tuple) else out
         return [t.tolist() for t in lps]
 
-    def compute_ref_logprobs(self, samples) -> list[list[float]] | None:
+    def compute_ref_logprobs(self, samples, trained_only: bool = False) -> list[list[float]] | None:
         """Logprobs under the reference snapshot: swap it in, compute, swap the policy back."""
         if self._ref is None:
             raise RuntimeError("no reference snapshot: call snapshot_ref() first")
@@ -70,7 +71,7 @@ class TrainWorker:
             for p, r in zip(params, self._ref):
                 p.copy_(r.to(p.device))
         try:
-            return self.compute_logprobs(samples)
+            return self.compute_logprobs(samples, trained_only=trained_only)
         finally:
             with torch.no_grad():
                 for p, c in zip(params, current):
@@ -181,11 +182,11 @@ class TrainGroup:
     def snapshot_ref(self):
         return self._all("snapshot_ref")
 
-    def compute_logprobs(self, samples) -> list[list[float]]:
-        return self._all("compute_logprobs", self._share(samples))
+    def compute_logprobs(self, samples, trained_only: bool = False) -> list[list[float]]:
+        return self._all("compute_logprobs", self._share(samples), False, trained_only)
 
-    def compute_ref_logprobs(self, samples) -> list[list[float]]:
-        return self._all("compute_ref_logprobs", self._share(samples))
+    def compute_ref_logprobs(self, samples, trained_only: bool = False) -> list[list[float]]:
+        return self._all("compute_ref_logprobs", self._share(samples), trained_only)
 
     def train_step(self, samples, loss_cfg) -> dict[str, float]:
         return self._all("train_step", self._share(samples), loss_cfg)

@@ -52,6 +52,13 @@ def check_logprobs(actor, hf, samples, tol=1e-5):
         d_en = (en.double() - want_en).abs().max().item()
         assert d_lp < tol, f"sample {i}: logprob differs from HF by {d_lp}"
         assert d_en < tol, f"sample {i}: entropy differs from the dense reference by {d_en}"
+    # trained_only: the same numbers on loss-masked tokens, zeros elsewhere
+    part = actor.compute_logprobs(samples, trained_only=True)
+    for i, (s, full, got) in enumerate(zip(samples, lps, part)):
+        m = torch.tensor(s.loss_mask, dtype=torch.bool)
+        assert not got[~m].any(), f"sample {i}: trained_only filled untrained tokens"
+        if m.any():
+            assert (got[m] - full[m]).abs().max().item() < 1e-6, f"sample {i}: trained_only differs"
     return lps
 
 
