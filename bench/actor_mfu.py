@@ -40,6 +40,9 @@ SWEEP = {
     "sdpa_bias_swiglu_fusion": {"megatron": {"bias_activation_fusion": True}},
     "sdpa_bf16_grads": {"grad_reduce_in_fp32": False},
     "sdpa_pack2_bf16_grads": {"max_tokens_per_gpu": 2, "grad_reduce_in_fp32": False},
+    "sdpa_keep_output_chunks": {"recompute_logprob_chunks": False},   # no output-layer recompute in backward
+    "sdpa_fused_swiglu_keep_output_chunks": {"recompute_logprob_chunks": False,
+                                             "megatron": {"bias_activation_fusion": True}},
 }
 # Fusions that need a kernel library the GPU machine lacks; probed without starting a child.
 NEEDS = {
@@ -100,7 +103,7 @@ def build_actor(case: dict, hf):
     from megatron_rl.actor import ActorConfig, MegatronActor
 
     keys = {"attention_backend", "max_tokens_per_gpu", "recompute_granularity", "megatron",
-            "grad_reduce_in_fp32", "logprob_chunk_size"}
+            "grad_reduce_in_fp32", "logprob_chunk_size", "recompute_logprob_chunks"}
     kwargs = {k: v for k, v in case.items() if k in keys}
     kwargs["max_tokens_per_gpu"] = case.get("max_tokens_per_gpu", 1) * case["seq"]
     cfg = ActorConfig(params_dtype="bfloat16", lr=1e-5, clip_grad=1.0, **kwargs)

@@ -90,6 +90,7 @@ class ForwardSpec:
     chunk_size: int                  # rows per output-layer chunk
     with_entropy: bool
     packed_mode: PackedMode = "mask"
+    recompute_chunks: bool = True    # activation-checkpoint each output-layer chunk in training
 
 
 OutputHandler = Callable[..., object]
@@ -102,7 +103,8 @@ def make_forward_step(spec: ForwardSpec, on_output: OutputHandler):
     def forward_step(data_iterator, model):
         mb: MicroBatch = next(data_iterator)
         req = LogprobRequest(rows=mb.rows, labels=mb.row_labels, vocab_size=spec.vocab_size,
-                             chunk_size=spec.chunk_size, with_entropy=spec.with_entropy)
+                             chunk_size=spec.chunk_size, with_entropy=spec.with_entropy,
+                             recompute=spec.recompute_chunks)
         if spec.packed_mode == "thd":
             mask, extra, rope_ctx = None, {"packed_seq_params": thd_packed_seq_params(mb)}, \
                 contextlib.nullcontext()

@@ -2,8 +2,9 @@
 
 The full-vocab logits of a long packed micro-batch do not fit in memory (16k tokens x 152k vocab
 in fp32 is ~10 GB, twice that with the softmax kept for backward), so the output projection runs
-over chunks of rows. In training each chunk is activation-checkpointed: only the chunk's
-logprob/entropy survive the forward, and its logits are recomputed during backward. The logits
+over chunks of rows. In training each chunk is activation-checkpointed by default: only the chunk's
+logprob/entropy survive the forward, and its logits are recomputed during backward (``recompute=False``
+keeps them instead, trading memory for one fewer output-layer pass). The logits
 stay sharded over the tensor-parallel vocab split throughout: logprobs go through megatron's
 ``vocab_parallel_cross_entropy`` and the entropy through all-reduced partial sums; the full
 vocabulary is never gathered.
@@ -38,6 +39,7 @@ class LogprobRequest:
     vocab_size: int                  # the real (unpadded) vocabulary size
     chunk_size: int = 4096
     with_entropy: bool = False
+    recompute: bool = True           # in training: checkpoint each chunk (recompute its logits in backward)
 
 
 def vocab_parallel_entropy(logits: Tensor, tp_group) -> Tensor:
@@ -141,7 +143,7 @@ def chunked_logprobs(hidden_states: Tensor, output_layer, output_weight: Tensor 
     for a in range(0, rows.shape[0], chunk):
         h = rows[a:a + chunk]
         lab = req.labels[a:a + chunk]
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and req.recompute:
             out = checkpoint(_chunk_logprob_entropy, h, lab, weight, output_layer, req.vocab_size,
                              req.with_entropy, use_reentrant=False)
         else:
