@@ -381,17 +381,21 @@ class DeviceSession:
         finally:
             gc.enable()
         from verifier.correctness import flatten_outputs
-        plain = True
+        plain, shared, seen = True, False, set()
         for out in batch.outputs:
             leaves, _ = flatten_outputs(out)
-            plain &= all(type(x) is self.torch.Tensor for x in leaves if isinstance(x, self.torch.Tensor))
+            tensors = [x for x in leaves if isinstance(x, self.torch.Tensor)]
+            plain &= all(type(x) is self.torch.Tensor for x in tensors)
+            ptrs = {x.untyped_storage().data_ptr() for x in tensors if x.numel()}
+            shared |= not seen.isdisjoint(ptrs)
+            seen |= ptrs
         # every output of the trial stays alive until the next one: a call must never be handed a block that
         # holds a just-freed right answer (the reference's, or its own from the previous call)
         self.outputs[runner] = batch.outputs
         if runner == "cand":
             self.last_cand = batch.outputs
         return {"op": "called", "span_ms": batch.span_ms, "rep_ms": batch.rep_ms, "flush_ms": batch.flush_ms,
-                "plain_tensors": plain}
+                "plain_tensors": plain, "outputs_shared": shared}
 
     def audit(self, msg):
         if not self.last_cand:

@@ -123,10 +123,20 @@ _TRIAL_FIELDS = {"file": str, "spec": (str, dict), "n_outputs": int, "values": d
 
 
 def _number(value: Any, default: float = math.nan) -> float:
-    """A child-reported number as a float; anything else becomes ``default`` (NaN is judged implausible)."""
+    """A child-reported number as a float; anything else becomes ``default`` (NaN is judged implausible).
+    JSON from the untrusted child may carry Infinity, NaN or integers too large for a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return default
-    return float(value)
+    try:
+        return float(value)
+    except (OverflowError, ValueError):
+        return default
+
+
+def _count(value: Any) -> int:
+    """A child-reported byte count as a non-negative int (0 when it is not a finite number)."""
+    v = _number(value, 0.0)
+    return int(v) if math.isfinite(v) and v > 0 else 0
 
 
 def _checked(msg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -497,10 +507,10 @@ class _DeviceStage:
         rng = random.Random(secrets.randbits(64))
         warm = _checked(self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63),
                                    "runners": runners, "compile_ref": cfg.compare_torch_compile}, "warmed"),
-                        {"est_ms": dict, "input_bytes": int, "output_bytes": dict})
+                        {"est_ms": dict, "input_bytes": (int, float), "output_bytes": dict})
         est = {r: _number(warm.get("est_ms", {}).get(r)) for r in runners}
-        out_bytes = {r: int(_number(warm.get("output_bytes", {}).get(r), 0.0)) for r in runners}
-        reps = choose_reps(est, int(warm.get("input_bytes", 0)), out_bytes, cfg.timing_batch_ms,
+        out_bytes = {r: _count(warm.get("output_bytes", {}).get(r)) for r in runners}
+        reps = choose_reps(est, _count(warm.get("input_bytes")), out_bytes, cfg.timing_batch_ms,
                            cfg.max_timing_reps, cfg.timing_memory_bytes, _number(warm.get("flush_ms"), 0.0))
         self.details["flush_bytes"] = warm.get("flush_bytes")
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
@@ -510,28 +520,43 @@ class _DeviceStage:
         for j in range(cfg.num_timing_trials):
             if j >= 3 and time.monotonic() - t_start > cfg.time_budget_s:
                 break
-            seeds = [secrets.randbits(63) for _ in range(reps)]
+            n = reps
+            seeds = [secrets.randbits(63) for _ in range(n)]
             self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
             order = list(runners)
             rng.shuffle(order)
+            trial: dict[str, TimedCall] = {}
             for runner in order:
                 t0 = time.monotonic()
                 reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
                                  {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float),
-                                  "plain_tensors": bool})
+                                  "plain_tensors": bool, "outputs_shared": bool})
                 wall_ms = (time.monotonic() - t0) * 1e3
                 rep_ms = [_number(x) for x in reply.get("rep_ms", [])]
-                if len(rep_ms) != reps:
-                    rep_ms = [math.nan] * reps   # a reply that does not match the request is implausible
-                calls.append(TimedCall(runner, _number(reply.get("span_ms")), wall_ms, rep_ms,
-                                       _number(reply.get("flush_ms"))))
+                if len(rep_ms) != n:
+                    rep_ms = [math.nan] * n   # a reply that does not match the request is implausible
+                trial[runner] = TimedCall(runner, _number(reply.get("span_ms")), wall_ms, rep_ms,
+                                          _number(reply.get("flush_ms")))
                 if runner == "cand" and not reply.get("plain_tensors", False):
                     raise _Verdict(Category.CHEATING, feedback.cheating(
                         "tensor_subclass_output", "a timed call returned a tensor subclass (lazy output)"),
                         rule="tensor_subclass_output", q=1.0)
+                shared = runner == "cand" and reply.get("outputs_shared", False)
+                if shared:
+                    # calls of the batch returned the same storage (a reused output buffer): only the last
+                    # call's result survives, so audit that one and time one call per request from now on
+                    self.details["timing_outputs_shared"] = True
                 if runner == "cand" and j in audits:
-                    k = rng.randrange(reps)   # which call of the batch, picked after the batch ran
+                    k = n - 1 if shared else rng.randrange(n)   # picked after the batch ran
                     self._audit(ref_model, seeds[k], k)
+                if shared:
+                    reps = 1
+            # the span floor subtracts the reference's flushes (same buffer, same trial), never a figure the
+            # candidate's own reply could inflate
+            ref_flush = trial["ref"].flush_ms / trial["ref"].reps
+            for c in trial.values():
+                c.floor_flush_ms = ref_flush * c.reps if math.isfinite(ref_flush) else 0.0
+            calls.extend(trial[r] for r in order)
             done += 1
         problem = implausible_timing(calls)
         by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}

@@ -146,7 +146,8 @@ class TimedCall:
     reported_ms: float   # the child's span of the whole request (all its calls and flushes)
     wall_ms: float       # parent-observed round trip of the request
     rep_ms: list[float] | None = None   # the child's per-call times (None: one call, reported_ms)
-    flush_ms: float = 0.0
+    flush_ms: float = 0.0                # the child's flush time of this request
+    floor_flush_ms: float | None = None  # flush time the span floor subtracts (the parent sets it)
 
     @property
     def reps(self) -> int:
@@ -160,7 +161,8 @@ class TimedCall:
         the end event shows up only in the span."""
         if not self.rep_ms:
             return self.reported_ms
-        return max(statistics.median(self.rep_ms), (self.reported_ms - self.flush_ms) / len(self.rep_ms))
+        flush = self.flush_ms if self.floor_flush_ms is None else self.floor_flush_ms
+        return max(statistics.median(self.rep_ms), (self.reported_ms - flush) / len(self.rep_ms))
 
 
 def choose_reps(est_ms: dict[str, float], input_bytes: int, output_bytes: dict[str, int], batch_ms: float,
@@ -179,6 +181,8 @@ def choose_reps(est_ms: dict[str, float], input_bytes: int, output_bytes: dict[s
 def stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
+    if not all(math.isfinite(v) for v in values):   # child-reported garbage: judged by implausible_timing
+        return {"n": len(values), "non_finite": sum(not math.isfinite(v) for v in values)}
     return {"n": len(values), "median": statistics.median(values), "mean": statistics.fmean(values),
             "std": statistics.pstdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values)}
 
@@ -203,7 +207,7 @@ def implausible_timing(calls: list[TimedCall]) -> str | None:
         # calls whose overhead matches the reference's best; one that under-reports has none.
         unexplained = {r: min(c.wall_ms - c.reported_ms for c in v) for r, v in by.items()}
         fastest = min(by["cand"], key=lambda c: c.wall_ms)
-        if unexplained["cand"] - unexplained["ref"] > max(0.5, 0.25 * fastest.wall_ms):
+        if unexplained["cand"] - unexplained["ref"] > max(0.5, 0.1 * fastest.wall_ms):
             return (f"every candidate call took far more wall time than it reported (best: {fastest.wall_ms:.3f} "
                     f"ms of wall time, {fastest.reported_ms:.3f} ms reported); the reference's harness overhead "
                     f"is {unexplained['ref']:.3f} ms")

@@ -221,6 +221,27 @@ class ModelNew(nn.Module):
     assert_verdict(r, Category.CHEATING, "timing_output_mismatch")
 
 
+def test_a_reused_output_buffer_with_correct_results_passes(make_cfg):
+    """Writing every result into one persistent buffer (CUDA-graph style) is not cheating: the timed batch
+    sees shared outputs, so the parent audits the call whose result survives and times single calls."""
+    model = '''
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.buf = None
+
+    def forward(self, a, b):
+        out = ext.add(a, b)
+        if self.buf is None or self.buf.shape != out.shape:
+            self.buf = torch.empty_like(out)
+        self.buf.copy_(out)
+        return self.buf
+'''
+    r = run("elementwise_add", compiled(model), make_cfg(num_timing_audits=5))
+    assert_verdict(r, Category.PASS)
+    assert r.details.get("timing_outputs_shared") and all(a["ok"] for a in r.details["audits"])
+
+
 def test_batchnorm_feedback_mentions_training_mode(make_cfg):
     body = calling("torch.zeros(x.shape)", "x").replace("def __init__(self):", "def __init__(self, features):")
     r = run("batchnorm", python_only(body), make_cfg())

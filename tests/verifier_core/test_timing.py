@@ -92,3 +92,26 @@ def test_choose_reps():
     assert choose_reps({"ref": 500.0, "cand": 0.1}, 0, {}, 20.0, 100, 1 << 30) == 1
     assert choose_reps({"ref": float("nan"), "cand": float("nan")}, 0, {}, 20.0, 100, 1 << 30) == 1
     assert choose_reps({"ref": 0.2, "cand": 0.1}, 0, {}, 20.0, 100, 1 << 30, flush_ms=0.8) == 20  # flushes count too
+
+
+def test_a_forged_flush_figure_cannot_shrink_the_span_floor():
+    # the child claims 9.9 ms of flushes in a 10 ms span and 1 us calls; the parent subtracts the
+    # reference's flush of the same trial (0.05 ms per call) instead
+    forged = TimedCall("cand", 10.0, 10.5, [0.001] * 10, 9.9)
+    assert implausible_timing([forged]) is None          # self-consistent on its face...
+    assert forged.call_ms < 0.02
+    forged.floor_flush_ms = 0.5
+    assert forged.call_ms == pytest.approx(0.95)          # ...but the floor charges the span
+
+
+@pytest.mark.parametrize("value", [10 ** 400, float("inf"), float("nan"), "1", None, True])
+def test_malformed_child_numbers_never_raise(value):
+    import math
+
+    from verifier.evaluate import _count, _number
+    assert math.isnan(_number(value)) or _number(value) == float("inf")
+    assert _count(value) == 0
+
+
+def test_stats_of_non_finite_reports_do_not_raise():
+    assert stats([1.0, float("nan"), float("inf")]) == {"n": 3, "non_finite": 2}
