@@ -6,6 +6,8 @@
 Serves a random bf16 Qwen3 of the given shape in-process (the same engine and HTTP server as
 ``python -m megatron_rl.rollout.embedded_server``), sends `concurrency` simultaneous seeded requests
 through the one EngineClient and reports generated tokens/s per concurrency level as JSON.
+``--profile`` also splits each level's wall time into the model forward, the sampler and the rest
+(device-synchronised timers around both, so it slows the run a little): where a decode step goes.
 """
 from __future__ import annotations
 
@@ -19,6 +21,31 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sync_8b import SHAPES, hf_config_dict  # noqa: E402  (bench/ sibling: one definition of the shapes)
+
+
+def _install_profile(model, device) -> dict:
+    """Wrap the model forward and the engine's sampler with synchronised timers."""
+    import torch
+
+    import megatron_rl.rollout.embedded_engine as engine_mod
+
+    acc = {"forward_s": 0.0, "sample_s": 0.0, "steps": 0}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(fn, key, count=False):
+        def wrapper(*a, **k):
+            sync()
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            sync()
+            acc[key] += time.perf_counter() - t
+            acc["steps"] += int(count)
+            return out
+        return wrapper
+
+    model.forward = timed(model.forward, "forward_s", count=True)
+    engine_mod.sample = timed(engine_mod.sample, "sample_s")
+    return acc
 
 
 async def _wave(client, n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int):
@@ -39,8 +66,10 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--gather-ms", type=float, default=20.0, help="the engine's wave-gathering window")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--profile", action="store_true", help="split the time into forward / sampling / other")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch
@@ -54,11 +83,14 @@ def main() -> int:
     t = time.perf_counter()
     model, _ = load_model(None, hf_config=cfg, device=device, dtype=resolve_dtype(args.dtype))
     load_s = time.perf_counter() - t
-    server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=args.max_batch_size)))
+    acc = _install_profile(model, device) if args.profile else None
+    server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=args.max_batch_size,
+                                                                       gather_ms=args.gather_ms)))
     server.start_in_thread()
     client = EngineClient(server.url)
     out = {"bench": "embedded_generate", "shape": args.shape, "device": str(device), "dtype": args.dtype,
            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "max_batch_size": args.max_batch_size,
+           "gather_ms": args.gather_ms,
            "params": sum(x.numel() for x in model.parameters()), "model_init_s": round(load_s, 2),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "levels": []}
 
@@ -66,9 +98,18 @@ def main() -> int:
         try:
             await _wave(client, 2, args.prompt_len, 4, cfg["vocab_size"], 0)  # warm-up
             for n in args.concurrency:
+                if acc is not None:
+                    acc.update(forward_s=0.0, sample_s=0.0, steps=0)
                 secs, toks = await _wave(client, n, args.prompt_len, args.new_tokens, cfg["vocab_size"], 1)
                 level = {"concurrency": n, "seconds": round(secs, 3), "generated_tokens": toks,
                          "tokens_per_s": round(toks / secs, 1)}
+                if acc is not None:
+                    steps = max(acc["steps"], 1)
+                    level["profile_ms_per_step"] = {
+                        "forward": round(acc["forward_s"] / steps * 1e3, 2),
+                        "sample": round(acc["sample_s"] / steps * 1e3, 2),
+                        "other": round((secs - acc["forward_s"] - acc["sample_s"]) / steps * 1e3, 2),
+                        "steps": acc["steps"]}
                 out["levels"].append(level)
                 print(json.dumps(level), file=sys.stderr, flush=True)
         finally:

@@ -511,6 +511,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-gpu-id", type=int, default=None, help="SGLang-compatible: GPU index when --device auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-running-requests", "--max-batch-size", dest="max_batch_size", type=int, default=32)
+    p.add_argument("--gather-ms", type=float, default=20.0,
+                   help="before a wave starts, wait this long for more requests to batch with it")
     p.add_argument("--default-max-new-tokens", type=int, default=128)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--weight-version", default="0")
@@ -552,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(
-        max_batch_size=args.max_batch_size, default_max_new_tokens=args.default_max_new_tokens,
+        max_batch_size=args.max_batch_size, gather_ms=args.gather_ms, default_max_new_tokens=args.default_max_new_tokens,
         weight_version=str(args.weight_version), seed=args.random_seed, context_length=args.context_length,
     ), tokenizer=tok, model_path=args.model_path)
     try:
