@@ -254,11 +254,10 @@ def main() -> int:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.out)
+        from megatron_rl.fsutil import write_text_atomic
+
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        write_text_atomic(args.out, text + "\n")
     return 0
 
 

@@ -101,10 +101,10 @@ def main() -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.out)
+        from megatron_rl.fsutil import write_text_atomic
+
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        write_text_atomic(args.out, text + "\n")
     return 0
 
 
