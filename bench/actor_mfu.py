@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PEAK_TFLOPS = 790.0
+from bench.common import PEAK_TFLOPS, QWEN3_SHAPES, emit_json, matmul_params, model_flops  # noqa: E402
 
 # name -> overrides of the base configuration (see `base_case`)
 SWEEP = {
@@ -59,23 +59,9 @@ def qwen3_8b_config(layers: int, tiny: bool = False):
         return Qwen3Config(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
                            max_position_embeddings=8192, rms_norm_eps=1e-6)
-    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+    return Qwen3Config(**{**QWEN3_SHAPES["8b"], "num_hidden_layers": layers}, tie_word_embeddings=False,
                        max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
                        rms_norm_eps=1e-6)
-
-
-def matmul_params(cfg) -> int:
-    h, nh, ng, hd, f = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, \
-        cfg.intermediate_size
-    per_layer = h * (nh + 2 * ng) * hd + nh * hd * h + 3 * h * f
-    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * h
-
-
-def step_flops(cfg, seq_lens) -> float:
-    dense = 6.0 * matmul_params(cfg) * sum(seq_lens)
-    attn = sum(6.0 * cfg.num_hidden_layers * s * s * cfg.num_attention_heads * cfg.head_dim for s in seq_lens)
-    return dense + attn
 
 
 def random_samples(n: int, seq: int, vocab: int, seed: int = 0):
@@ -137,7 +123,7 @@ def run_case(case: dict) -> dict:
         torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / case["steps"]
     tokens = case["seqs"] * case["seq"]
-    flops = step_flops(hf, [case["seq"]] * case["seqs"])
+    flops = model_flops(hf, [case["seq"]] * case["seqs"])
     tflops = flops / dt / 1e12
     return {
         "ok": True,
@@ -251,13 +237,7 @@ def main() -> int:
     if ok:
         best = max(ok, key=lambda r: r["tflops"])
         report["best_sweep"] = {k: best[k] for k in ("tokens_per_s", "tflops", "mfu", "overrides")}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        from megatron_rl.fsutil import write_text_atomic
-
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        write_text_atomic(args.out, text + "\n")
+    emit_json(report, args.out, indent=2)
     return 0
 
 

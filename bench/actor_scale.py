@@ -16,7 +16,6 @@ Prints one JSON object on rank 0 (and writes --out). Runs without Ray.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,22 +25,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PEAK_TFLOPS = 790.0
-SHAPES = {  # Qwen3 dense shapes (untied embeddings)
-    "32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
-                num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=250),
-}
+from bench.common import PEAK_TFLOPS, QWEN3_SHAPES, emit_json, model_flops  # noqa: E402
 
-
-def model_flops(c: dict, layers: int, seq: int, n_seqs: int) -> float:
-    h, f, nh, nkv, hd, v = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                            c["num_key_value_heads"], c["head_dim"], c["vocab_size"])
-    n = layers * (h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * f) + v * h
-    return 6.0 * n * seq * n_seqs + n_seqs * 6.0 * layers * seq * seq * nh * hd
+SHAPES = {"32b": QWEN3_SHAPES["32b"], "8b": QWEN3_SHAPES["8b"],  # untied embeddings
+          "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=250)}
 
 
 def main() -> int:
@@ -110,7 +98,7 @@ def main() -> int:
     peaks = [None] * info.world_size
     dist.all_gather_object(peaks, round(peak, 2))
     tokens = args.seq * n_seqs
-    flops = model_flops(shape, layers, args.seq, n_seqs)
+    flops = model_flops(hf, [args.seq] * n_seqs)
     result = {
         "bench": "actor_scale", "shape": args.shape, "layers": layers, "tp": args.tp, "pp": args.pp, "dp": info.dp,
         "world_size": info.world_size, "seq": args.seq, "seqs_per_step": n_seqs, "recompute": args.recompute,
@@ -125,12 +113,7 @@ def main() -> int:
     if args.sync:
         result["sync"] = colocated_sync(actor, hf, gpu)
     if info.rank == 0:
-        text = json.dumps(result, indent=2)
-        print(text)
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
+        emit_json(result, args.out, indent=2)
     dist.barrier()
     return 0
 

@@ -19,14 +19,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import QWEN3_SHAPES  # noqa: E402
+
 import torch  # noqa: E402
 
 
 def qwen3_8b_config(layers: int):
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+    return Qwen3Config(**{**QWEN3_SHAPES["8b"], "num_hidden_layers": layers}, tie_word_embeddings=False,
                        max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
                        rms_norm_eps=1e-6, dtype="bfloat16")
 

@@ -15,7 +15,6 @@ Runs on the CPU (one rank, gloo; no Ray). Prints one JSON object (and writes --o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,7 +24,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-VOCAB = 151936
+from bench.common import QWEN3_SHAPES, emit_json  # noqa: E402
+
+VOCAB = QWEN3_SHAPES["8b"]["vocab_size"]  # Qwen3's vocabulary
 
 
 def _time(fn, repeats: int) -> float:
@@ -98,13 +99,7 @@ def main() -> int:
               f"{os.cpu_count()} cores, torch threads {torch.get_num_threads()}", "torch": torch.__version__,
               "sampler": sampler(16, args.repeats), "old_logprobs": old_logprobs(args.repeats),
               "command": " ".join(sys.argv)}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        from megatron_rl.fsutil import write_text_atomic
-
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        write_text_atomic(args.out, text + "\n")
+    emit_json(result, args.out, indent=2)
     return 0
 
 

@@ -20,7 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sync_8b import SHAPES, hf_config_dict  # noqa: E402  (bench/ sibling: one definition of the shapes)
+from bench.common import emit_json  # noqa: E402
+from bench.sync_8b import SHAPES, hf_config_dict  # noqa: E402  (the sync benchmark's shapes and HF config)
 
 
 def _install_profile(model, device) -> dict:
@@ -119,11 +120,7 @@ def main() -> int:
         asyncio.run(run_all())
     finally:
         server.stop()
-    text = json.dumps(out)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(out, args.out)
     return 0
 
 

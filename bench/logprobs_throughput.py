@@ -20,7 +20,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.actor_mfu import PEAK_TFLOPS, init_single_rank, matmul_params, qwen3_8b_config, random_samples  # noqa: E402
+from bench.actor_mfu import init_single_rank, qwen3_8b_config, random_samples  # noqa: E402
+from bench.common import PEAK_TFLOPS, emit_json, model_flops  # noqa: E402
 
 SWEEP = [  # (micro-batch budget in sequences, logprob chunk size, entropy)
     (1, 4096, False),
@@ -30,12 +31,6 @@ SWEEP = [  # (micro-batch budget in sequences, logprob chunk size, entropy)
     (4, 8192, False),
     (4, 4096, True),
 ]
-
-
-def forward_flops(cfg, seq_lens) -> float:
-    dense = 2.0 * matmul_params(cfg) * sum(seq_lens)
-    attn = sum(2.0 * cfg.num_hidden_layers * s * s * cfg.num_attention_heads * cfg.head_dim for s in seq_lens)
-    return dense + attn
 
 
 def main() -> int:
@@ -59,7 +54,7 @@ def main() -> int:
     actor = MegatronActor(ActorConfig(params_dtype="bfloat16", attention_backend=args.attention_backend,
                                       max_tokens_per_gpu=args.seq), hf)
     samples = random_samples(args.seqs, args.seq, hf.vocab_size)
-    flops = forward_flops(hf, [args.seq] * args.seqs)
+    flops = model_flops(hf, [args.seq] * args.seqs, passes=1.0)
     report = {
         "model": f"Qwen3-8B-shaped, {args.layers} layers, bf16, attention {actor.attention_backend}",
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
@@ -97,13 +92,7 @@ def main() -> int:
     ok = [r for r in report["runs"] if r["ok"]]
     if ok:
         report["best_tokens_per_s"] = max(r["tokens_per_s"] for r in ok)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(args.out + ".tmp", args.out)
+    emit_json(report, args.out, indent=2)
     return 0
 
 

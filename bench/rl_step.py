@@ -22,6 +22,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from bench.common import emit_json  # noqa: E402
 NEMO_RL_TOKS_PER_GPU = 1581.0
 
 
@@ -72,11 +74,7 @@ def main() -> int:
         "tokens_per_s_per_gpu": toks, "nemo_rl_llama8b_tokens_per_s_per_gpu": NEMO_RL_TOKS_PER_GPU,
         "ratio_vs_nemo_rl": toks / NEMO_RL_TOKS_PER_GPU, "summary": summary, "command": " ".join(sys.argv),
     }
-    text = json.dumps(result, indent=2, default=str)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(result, args.out, indent=2, default=str)
     return 0
 
 

@@ -21,15 +21,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SHAPES = {
-    # Qwen3-8B: 36 layers, hidden 4096, GQA 32/8, head_dim 128, FFN 12288, vocab 151936, untied
-    "8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128),
-    "1b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=16,
-               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-    "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-}
+from bench.common import QWEN3_SHAPES, emit_json  # noqa: E402
+
+SHAPES = {"8b": QWEN3_SHAPES["8b"], "1b": QWEN3_SHAPES["1b"],
+          "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64)}
 
 
 def hf_config_dict(shape: str) -> dict:
@@ -143,11 +139,7 @@ def main() -> int:
         result[mode] = run_mode(mode, hf_config, chunks, cfg_dict, args)
     if "runs" in result.get("colocated", {}):
         result["colocated_goal_met"] = result["colocated"]["total_s_median"] <= 1.0
-    text = json.dumps(result)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

@@ -27,6 +27,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import emit_json  # noqa: E402
+
 TASKS = {
     "add": ("a + b over 2^24 floats", "a, b", "a + b", "[torch.randn(1 << 24), torch.randn(1 << 24)]"),
     "relu": ("relu of a 4096x4096 matrix", "x", "torch.relu(x)", "[torch.randn(4096, 4096)]"),
@@ -242,11 +244,7 @@ def main() -> None:
                if torch.cuda.is_available() else None,
                "all_ok": all(v["ok"] for v in results.values()),
                "side_stream_vs_same_stream_speedup": same, "cases": results}
-    text = json.dumps(summary, indent=1, default=str)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    emit_json(summary, args.out, indent=1, default=str)
     shutil.rmtree(tmp, ignore_errors=True)  # tasks and (unless --cache) the build cache
 
 

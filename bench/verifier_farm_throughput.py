@@ -491,10 +491,9 @@ def main() -> int:
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    from megatron_rl.fsutil import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":

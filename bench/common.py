@@ -1,0 +1,47 @@
+"""What several benchmarks share: the Qwen3 dense shapes, the model-FLOPs count and the peak MFU is
+measured against, and printing + writing the one JSON result of a run."""
+from __future__ import annotations
+
+import json
+import os
+
+PEAK_TFLOPS = 790.0  # bf16 dense matmul rate measured on the H200 (../shared/GPU_MACHINE.md)
+
+QWEN3_SHAPES = {  # dense Qwen3 dimensions; each script adds layers, embeddings tying, RoPE, context
+    "32b": dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                num_attention_heads=64, num_key_value_heads=8, head_dim=128),
+    "8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+    "1b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=16,
+               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+}
+
+
+def matmul_params(cfg) -> int:
+    """Parameters that take part in matmuls: decoder layers plus the output projection (the embedding
+    lookup does no matmul). ``cfg`` is an HF config (attributes)."""
+    h, nh, ng, hd, f = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, \
+        cfg.intermediate_size
+    per_layer = h * (nh + 2 * ng) * hd + nh * hd * h + 3 * h * f
+    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * h
+
+
+def model_flops(cfg, seq_lens, passes: float = 3.0) -> float:
+    """Model FLOPs over sequences of ``seq_lens`` tokens: 2*N per token per pass plus causal attention
+    (QK^T and PV); ``passes`` is 3 for forward+backward, 1 for forward only. Recompute is not counted."""
+    dense = 2.0 * passes * matmul_params(cfg) * sum(seq_lens)
+    attn = sum(2.0 * passes * cfg.num_hidden_layers * s * s * cfg.num_attention_heads * cfg.head_dim
+               for s in seq_lens)
+    return dense + attn
+
+
+def emit_json(result, out: str | None, **dumps_kwargs) -> str:
+    """Print the run's JSON and, with ``out``, write it there atomically (parent dirs created)."""
+    from megatron_rl.fsutil import write_text_atomic
+
+    text = json.dumps(result, **dumps_kwargs)
+    print(text)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        write_text_atomic(out, text + "\n")
+    return text
