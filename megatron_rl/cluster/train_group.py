@@ -162,12 +162,12 @@ class TrainGroup:
             self.workers.append(cls.options(**opts).remote(rank, world, addr, port, cfg, model_dir, local_rank))
         ray.get([w.ping.remote() for w in self.workers])
 
-    def _all(self, method: str, *args) -> Any:
+    def _all(self, method: str, *args, **kwargs) -> Any:
         if not self.ray_mode:
-            return getattr(self.workers[0], method)(*args)
+            return getattr(self.workers[0], method)(*args, **kwargs)
         import ray
 
-        refs = [getattr(w, method).remote(*args) for w in self.workers]
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
         return ray.get(refs)[0]
 
     def load_hf(self):
@@ -183,10 +183,10 @@ class TrainGroup:
         return self._all("snapshot_ref")
 
     def compute_logprobs(self, samples, trained_only: bool = False) -> list[list[float]]:
-        return self._all("compute_logprobs", self._share(samples), False, trained_only)
+        return self._all("compute_logprobs", self._share(samples), trained_only=trained_only)
 
     def compute_ref_logprobs(self, samples, trained_only: bool = False) -> list[list[float]]:
-        return self._all("compute_ref_logprobs", self._share(samples), trained_only)
+        return self._all("compute_ref_logprobs", self._share(samples), trained_only=trained_only)
 
     def train_step(self, samples, loss_cfg) -> dict[str, float]:
         return self._all("train_step", self._share(samples), loss_cfg)
