@@ -1,7 +1,7 @@
 """Training throughput / MFU of the Megatron actor on one GPU (Qwen3-8B-shaped layers, bf16).
 
     python bench/actor_mfu.py [--layers 12] [--seq 4096] [--seqs 8] [--steps 2] [--only NAME,...]
-                              [--max-fit-layers 26,22] [--out bench/results/actor_mfu.json]
+                              [--profile NAME,...] [--max-fit-layers 26,22] [--out bench/results/actor_mfu.json]
 
 Each configuration of the sweep runs `MegatronActor.train_step` (SFT loss, distributed Adam,
 random weights and tokens) in a fresh process, so an out-of-memory configuration cannot disturb
@@ -43,6 +43,10 @@ SWEEP = {
     "sdpa_keep_output_chunks": {"recompute_logprob_chunks": False},   # no output-layer recompute in backward
     "sdpa_fused_swiglu_keep_output_chunks": {"recompute_logprob_chunks": False,
                                              "megatron": {"bias_activation_fusion": True}},
+    # 16 sequences per optimizer step: the optimizer's fixed cost per step is spread over twice the tokens
+    "sdpa_fused_swiglu_seqs16": {"seqs": 16, "megatron": {"bias_activation_fusion": True}},
+    "sdpa_combined": {"max_tokens_per_gpu": 2, "grad_reduce_in_fp32": False, "recompute_logprob_chunks": False,
+                      "megatron": {"bias_activation_fusion": True}},
 }
 # Fusions that need a kernel library the GPU machine lacks; probed without starting a child.
 NEEDS = {
@@ -122,6 +126,16 @@ def run_case(case: dict) -> dict:
     if cuda:
         torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / case["steps"]
+    profile = None
+    if case.get("profile") and cuda:   # one more step, traced: where the device time goes
+        from bench.common import gpu_kernel_breakdown
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            t1 = time.perf_counter()
+            actor.train_step(samples, loss)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t1
+        profile = gpu_kernel_breakdown(prof, wall)
+        profile["host_syncs"] = count_host_syncs(lambda: actor.train_step(samples, loss))
     tokens = case["seqs"] * case["seq"]
     flops = model_flops(hf, [case["seq"]] * case["seqs"])
     tflops = flops / dt / 1e12
@@ -141,7 +155,31 @@ def run_case(case: dict) -> dict:
         "grad_norm": round(metrics["grad_norm"], 4),
         "skipped": metrics["skipped"],
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
+        **({"profile": profile} if profile else {}),
     }
+
+
+def count_host_syncs(fn, top: int = 10) -> dict:
+    """Run ``fn`` with CUDA sync debugging on: how many operations made the host wait for the device, and
+    from which source lines (a sync inside the layer loop leaves the GPU idle while the host catches up)."""
+    import collections
+    import warnings
+
+    import torch
+
+    sites: collections.Counter = collections.Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            sites[f"{os.path.relpath(w.filename, ROOT) if w.filename.startswith(ROOT) else w.filename}:{w.lineno}"] += 1
+    return {"count": sum(sites.values()), "sites": sites.most_common(top)}
 
 
 def probe_fusion(module: str) -> str | None:
@@ -182,6 +220,8 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="comma-separated sweep names")
     ap.add_argument("--max-fit-layers", default="26,22", help="comma-separated layer counts to try with the fastest sweep options, then with full "
                     "recompute and bf16 grads; the largest that runs is reported ('' to skip)")
+    ap.add_argument("--profile", default="", help="comma-separated sweep names to trace one extra step of "
+                    "(device time per kernel category, top kernels, idle share)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")
     ap.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke test of the script)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "actor_mfu.json"))
@@ -211,6 +251,7 @@ def main() -> int:
         case = {**base, **SWEEP[name]}
         if "megatron" in SWEEP[name]:
             case["megatron"] = dict(SWEEP[name]["megatron"])
+        case["profile"] = name in args.profile.split(",")
         res = spawn_case(case, args.timeout)
         res["overrides"] = SWEEP[name]
         report["sweep"][name] = res

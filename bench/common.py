@@ -45,3 +45,50 @@ def emit_json(result, out: str | None, **dumps_kwargs) -> str:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         write_text_atomic(out, text + "\n")
     return text
+
+
+# Kernel-name fragments -> category, first match wins (cuBLAS/cuBLASLt, flash/cuDNN attention, Adam, ...).
+KERNEL_CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "cudnn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")),
+    ("optimizer", ("multi_tensor", "adam", "foreach")),
+    ("norm", ("norm",)),
+    ("softmax/cross-entropy", ("softmax", "log_softmax", "nll", "cross_entropy", "logsumexp")),
+    ("copy/cast/cat", ("copy", "memcpy", "memset", "cat", "fill", "transpose")),
+    ("reduction", ("reduce",)),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "pointwise", "triton")),
+)
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    for category, fragments in KERNEL_CATEGORIES:
+        if any(f in low for f in fragments):
+            return category
+    return "other"
+
+
+def gpu_kernel_breakdown(prof, wall_s: float, top: int = 15) -> dict:
+    """Where the device time of a profiled region went: per-category and top kernels (ms), and the share
+    of the wall time during which no kernel ran (launch/CPU-bound gaps). ``prof`` is a finished
+    ``torch.profiler.profile`` with CUDA activity."""
+    from torch.autograd import DeviceType
+
+    per_kernel: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if getattr(evt, "device_type", None) != DeviceType.CUDA:
+            continue
+        us = float(getattr(evt, "self_device_time_total", 0.0) or 0.0)
+        per_kernel[evt.key] = per_kernel.get(evt.key, 0.0) + us
+    total_ms = sum(per_kernel.values()) / 1e3
+    by_cat: dict[str, float] = {}
+    for name, us in per_kernel.items():
+        by_cat[kernel_category(name)] = by_cat.get(kernel_category(name), 0.0) + us / 1e3
+    ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "wall_ms": round(wall_s * 1e3, 1),
+        "kernel_ms": round(total_ms, 1),
+        "idle_fraction": round(max(0.0, 1.0 - total_ms / (wall_s * 1e3)), 4) if wall_s > 0 else None,
+        "by_category_ms": {k: round(v, 1) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms": [[name[:120], round(us / 1e3, 2), kernel_category(name)] for name, us in ranked],
+    }

@@ -189,7 +189,6 @@ class DeviceSession:
         import safetensors.torch  # noqa: F401  every harness module is loaded before any candidate code
 
         from verifier import correctness, devices, fallback, inputs, timing  # noqa: F401
-        from verifier.static_checks import TASK_MODULE_NAME
         self.torch = torch
         self.job, self.chan = job, chan
         self.backend = devices.get_backend(job["backend"])
@@ -201,7 +200,8 @@ class DeviceSession:
         torch.set_grad_enabled(False)
         self._precision = self.backend.reference_precision()
         self._precision.__enter__()                        # TF32 off for the reference timed here too
-        self.task = _load_module(TASK_MODULE_NAME, job["task_path"])
+        self._warm_profiler()
+        self.task = None                                   # arrives with the "load" request
         self.client = ExtensionClient(chan, self.backend)
         self.client.install()
         self.precision = job["precision"]
@@ -213,6 +213,18 @@ class DeviceSession:
         self.last_cand: list = []
         self.flusher = None
         self.counter = 0
+
+    def _warm_profiler(self) -> None:
+        """Pay the profiler's one-time start-up (CUPTI/kineto initialisation: about a second on a GPU) before
+        any candidate is known, so that a child started ahead of its candidate (a warm spare) has it done."""
+        x = self.torch.ones(8, device=self.device)
+        with self.backend.profiler():
+            (x + 1).sum()
+            self.timer.synchronize()
+
+    def load(self, task_path: str) -> None:
+        from verifier.static_checks import TASK_MODULE_NAME
+        self.task = _load_module(TASK_MODULE_NAME, task_path)
 
     # -- helpers --------------------------------------------------------------------------------
     def _save(self, out) -> dict:
@@ -421,6 +433,18 @@ def run_device(job: dict, chan: Channel) -> None:
         return
     info = session.backend.info(0)
     chan.send({"op": "ready", "device": info, "torch": session.torch.__version__})
+    # A run child may be started before its candidate exists (a warm spare): the task and candidate files
+    # are written into the working directory only now, and the parent says so with "load".
+    msg = chan.recv()
+    if msg.get("op") != "load":
+        if msg.get("op") == "exit":
+            chan.send({"op": "bye"})
+        return
+    try:
+        session.load(job["task_path"])
+    except BaseException as e:  # the parent's own task file: a harness problem, not the candidate's
+        chan.send({"op": "error", "phase": "harness", "stage": "task", "error": _describe(e)})
+        return
     from verifier.static_checks import CANDIDATE_MODULE_NAME
     try:
         module = _load_module(CANDIDATE_MODULE_NAME, job["candidate_path"])

@@ -34,12 +34,14 @@ from .config import VerifierConfig
 from .correctness import compare_outputs, flatten_outputs, same_structure
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
+from .result_cache import config_fingerprint
 from .fallback import candidate_kernels, forbidden_ops
 from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
 from .timing import TimedCall, choose_reps, implausible_timing, stats
 from .types import Category, VerifyResult, reward_eq2
+from .warm_spare import StartedChild, WarmSpares
 
 
 class _Verdict(Exception):
@@ -180,8 +182,10 @@ class _Conversation:
 class _DeviceStage:
     """Parent side of the device stage for one candidate."""
 
-    def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None):
+    def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
+                 spares: WarmSpares | None = None):
         self.task, self.code, self.build, self.cfg = task, code, build, cfg
+        self.spares = spares
         self.backend = get_backend(cfg.backend)
         self.index = device_index or 0
         self.details: dict[str, Any] = {"tolerance": {"atol": cfg.tolerance, "rtol": cfg.tolerance,
@@ -260,30 +264,48 @@ class _DeviceStage:
                 leaves.append(values.get(str(i)))
         return leaves
 
+    def _spare_key(self) -> tuple:
+        return (f"{config_fingerprint(self.cfg)}:{self.cfg.work_dir}", self.cfg.backend, self.index)
+
+    def _start_child(self) -> StartedChild:
+        """A run child in a new private working directory; it starts without knowing its candidate."""
+        cfg = self.cfg
+        workdir = tempfile.mkdtemp(prefix="verifier-run-", dir=cfg.work_dir)
+        job = {"backend": cfg.backend, "candidate_path": os.path.join(workdir, "candidate.py"),
+               "task_path": os.path.join(workdir, "task.py"), "precision": cfg.precision,
+               "cpu_threads": cfg.cpu_threads, "cpu_flush_bytes": cfg.cpu_flush_bytes}
+        child = SandboxedChild("run", job, cfg, self.backend, workdir, [], device_index=self.index)
+        try:
+            child.start()
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        return StartedChild(child, workdir)
+
     def _start(self) -> dict[str, Any]:
         cfg = self.cfg
-        self.workdir = tempfile.mkdtemp(prefix="verifier-run-", dir=cfg.work_dir)
-        cand_path = os.path.join(self.workdir, "candidate.py")
-        task_path = os.path.join(self.workdir, "task.py")
-        with open(cand_path, "w") as f:
-            f.write(self.code)
-        with open(task_path, "w") as f:
-            f.write(self.task.source)
-        job = {"backend": cfg.backend, "candidate_path": cand_path, "task_path": task_path,
-               "precision": cfg.precision, "cpu_threads": cfg.cpu_threads, "cpu_flush_bytes": cfg.cpu_flush_bytes}
-        self.child = SandboxedChild("run", job, cfg, self.backend, self.workdir, [], device_index=self.index)
+        started = self.spares.take(self._spare_key(), self._start_child) if self.spares else self._start_child()
+        self.child, self.workdir = started.child, started.workdir
+        # a warm spare was started before this stage began (by the previous candidate's stage)
+        self.details["child"] = {"pid": self.child.proc.pid if self.child.proc else None,
+                                 "started_s_before_stage": round(max(0.0, self._last_lap - self.child.started_at), 3)}
         self.service = ExtensionService(cfg, self.backend)
-        self.child.start()
         self.conv = _Conversation(self.child, self.service, cfg.startup_timeout_s)
         hello = self.conv.expect()
         self.details["isolation"] = hello.get("isolation")
         ready = self.conv.expect()
-        self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
         if ready.get("op") != "ready":
             err = ready.get("error", {})
             raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "
                                                           f"{err.get('message', '')[:300]}"), traceback=err)
         self.details["device"] = ready.get("device")
+        for name, text in (("candidate.py", self.code), ("task.py", self.task.source)):
+            with open(os.path.join(self.workdir, name), "w") as f:
+                f.write(text)
+        self.child.send({"op": "load"})
+        self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
+        if self.spares:
+            self.spares.replenish(self._spare_key(), self._start_child)  # starts while this candidate runs
         self.phase = "import"
         return ready
 
@@ -300,7 +322,7 @@ class _DeviceStage:
             return _Verdict(Category.COMPILE_ERROR, feedback.compile_error(compiler_excerpt(msg.get("log", ""))))
         if phase == "harness":
             err = msg.get("error", {})
-            if self.phase in ("start",):
+            if self.phase in ("start",) or msg.get("stage") == "task":
                 return _Verdict(Category.INFRA, feedback.infra(f"{err.get('type')}: {err.get('message')}"))
             return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", str(err.get("message"))))
         err = msg.get("error", {})
@@ -584,10 +606,12 @@ class _DeviceStage:
 
 
 def run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig,
-                  device_index: int | None = None) -> VerifyResult:
-    """Device stage: a fresh sandboxed child pinned to one device; correctness, fallback check, timing."""
+                  device_index: int | None = None, spares: WarmSpares | None = None) -> VerifyResult:
+    """Device stage: a fresh sandboxed child pinned to one device; correctness, fallback check, timing.
+    With ``spares`` (a farm device worker), the child is one started ahead of time and the next is started
+    while this candidate runs (``verifier.warm_spare``)."""
     try:
-        return _DeviceStage(task, code, build, cfg, device_index).run()
+        return _DeviceStage(task, code, build, cfg, device_index, spares).run()
     except Exception as e:
         return _finish(task, cfg, Category.INFRA, feedback.infra(f"{type(e).__name__}: {e}"),
                        details={"traceback": traceback.format_exc()[-4000:]}, code_hash=build.code_hash)

@@ -69,6 +69,9 @@ class FarmConfig:
     compile_deadline_s: float | None = None   # hang watchdog; None: compile_timeout_s + 120
     device_deadline_s: float | None = None    # hang watchdog; None: 2 * run_timeout_s + 120
     recycle_after: int = 200                  # restart a process worker after this many calls
+    # device workers keep one sandboxed run child started ahead of the next candidate (its interpreter,
+    # torch import and device init overlap the current candidate; never its timing)
+    warm_spare: bool = True
     result_cache: bool = True                 # in-memory verdict cache + in-flight dedup
     result_cache_path: str | None = None      # also persist verdicts to this SQLite file
     size_profile: str | None = None           # apply a manifest size profile (e.g. "gpu") to tasks
@@ -101,6 +104,13 @@ def default_build_fn(task: Any, code: str, cfg: Any) -> Any:
 def default_run_fn(task: Any, code: str, build: Any, cfg: Any, device_index: int | None) -> VerifyResult:
     from .evaluate import run_candidate
     return run_candidate(task, code, build, cfg, device_index=device_index)
+
+
+def warm_run_fn(task: Any, code: str, build: Any, cfg: Any, device_index: int | None) -> VerifyResult:
+    """``default_run_fn`` with a warm spare child per device in this worker (``verifier.warm_spare``)."""
+    from .evaluate import run_candidate
+    from .warm_spare import process_spares
+    return run_candidate(task, code, build, cfg, device_index=device_index, spares=process_spares())
 
 
 def default_precheck(task: Any, response: str, cfg: Any) -> "str | VerifyResult":
@@ -190,7 +200,7 @@ class VerifierFarm:
             self._owned_build_dir = tempfile.mkdtemp(prefix="verifier-builds-")
             self.cfg = cfg = dataclasses.replace(cfg, build_cache_dir=self._owned_build_dir)
         self._build_fn = farm.build_fn or default_build_fn
-        self._run_fn = farm.run_fn or default_run_fn
+        self._run_fn = farm.run_fn or (warm_run_fn if farm.warm_spare else default_run_fn)
         self._precheck = farm.precheck_fn or default_precheck
         self._cfg_fp = config_fingerprint(cfg)
         self._inflight: dict[str, _Job] = {}
@@ -354,6 +364,9 @@ class VerifierFarm:
                     slot.close()
                 except Exception:  # noqa: BLE001
                     pass
+        if self._run_fn is warm_run_fn and self.farm.device_mode == "thread":
+            from .warm_spare import process_spares
+            process_spares().close()   # the spares of thread slots live in this process
         if self._cache is not None:
             self._cache.close()
         if self._owned_build_dir:

@@ -357,6 +357,11 @@ class SandboxedChild:
         for d in self._drains:
             d.start()
 
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when the process was started."""
+        return self._t0
+
     def send(self, msg: dict[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None
         try:
