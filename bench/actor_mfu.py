@@ -38,6 +38,7 @@ SWEEP = {
     "sdpa_recompute_selective": {"recompute_granularity": "selective"},
     "sdpa_recompute_full": {"recompute_granularity": "full"},
     "sdpa_bias_swiglu_fusion": {"megatron": {"bias_activation_fusion": True}},
+    "sdpa_bias_swiglu_fusion_stock_rope": {"megatron": {"bias_activation_fusion": True}, "stock_thd_rope": True},
     "sdpa_bf16_grads": {"grad_reduce_in_fp32": False},
     "sdpa_pack2_bf16_grads": {"max_tokens_per_gpu": 2, "grad_reduce_in_fp32": False},
     "sdpa_keep_output_chunks": {"recompute_logprob_chunks": False},   # no output-layer recompute in backward
@@ -112,6 +113,9 @@ def run_case(case: dict) -> dict:
     t0 = time.perf_counter()
     actor = build_actor(case, hf)
     build_s = time.perf_counter() - t0
+    if case.get("stock_thd_rope"):   # megatron's own packed RoPE (host syncs every layer), for comparison
+        from megatron_rl.actor.attention import uninstall_sync_free_thd_rope
+        uninstall_sync_free_thd_rope()
     samples = random_samples(case["seqs"], case["seq"], hf.vocab_size)
     loss = SFTLoss()
     for _ in range(case["warmup"]):

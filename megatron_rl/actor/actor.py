@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron_rl.types import TrainSample, validate_samples
 
 from . import optim
-from .attention import install_sdpa_attention
+from .attention import install_sdpa_attention, install_sync_free_thd_rope
 from .batching import MicroBatch, pack_micro_batch, plan_batches
 from .forward import ForwardSpec, make_forward_step, unwrap_model
 from .losses import LossContext, LossFn, token_weights
@@ -163,6 +163,8 @@ class MegatronActor:
         chunks = build_model(hf_config, par, build_opts)
         if backend == "sdpa":
             install_sdpa_attention(chunks)
+        if self.packed_mode == "thd":
+            install_sync_free_thd_rope()   # megatron's unfused thd RoPE syncs with the host 4x per layer
         settings = cfg.optim_settings()
         self.model = optim.wrap_ddp(chunks, settings)
         self.config = unwrap_model(self.model[0]).config

@@ -125,3 +125,66 @@ def install_sdpa_attention(model_chunks) -> int:
                 ).to(next(iter(chunk.parameters())).device)
                 swapped += 1
     return swapped
+
+
+# --------------------------------------------------------------------------- packed (thd) RoPE
+
+def thd_rope_without_host_sync(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, *,
+                               rotary_interleaved: bool = False, mscale: float = 1.0) -> torch.Tensor:
+    """megatron's unfused thd RoPE (one context-parallel rank), computed for all packed tokens at once.
+
+    megatron-core's ``_apply_rotary_pos_emb_thd`` reads the sequence lengths to the host
+    (``.tolist()``, ``.item()``) and rotates one sequence at a time: four host-device syncs per layer for
+    q and k, each of which drains the GPU queue. Here every token's position comes from ``cu_seqlens`` on
+    the device (``searchsorted``), and one bshd call rotates all tokens: the same elementwise operations
+    on the same values, so the result is bitwise identical. ``freqs`` is either per packed token
+    (``freqs.size(0) == t.size(0)``, megatron's exact-mapping case) or per position within a sequence.
+    """
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    n = t.shape[0]
+    if freqs.size(0) == n:
+        per_token = freqs
+    else:  # positions restart at 0 in every packed sequence
+        idx = torch.arange(n, device=t.device, dtype=torch.int64)
+        bounds = cu_seqlens.to(torch.int64)
+        seg = torch.searchsorted(bounds[1:].contiguous(), idx, right=True)
+        per_token = freqs.index_select(0, idx - bounds.index_select(0, seg))
+    return _apply_rotary_pos_emb_bshd(t.unsqueeze(1), per_token, rotary_interleaved=rotary_interleaved,
+                                      mscale=mscale).squeeze(1)
+
+
+def install_sync_free_thd_rope() -> None:
+    """Route megatron attention's unfused packed-sequence RoPE through `thd_rope_without_host_sync`.
+
+    Process-wide (megatron's ``Attention.forward`` looks the function up in its module), exact, and
+    limited to the case it reproduces: cu_seqlens given, no fused RoPE, no context parallelism, no
+    MLA interleaving. Everything else goes to megatron's own function unchanged.
+    """
+    import megatron.core.transformer.attention as attention_module
+
+    original = attention_module.apply_rotary_pos_emb
+    if getattr(original, "stock", None) is not None:
+        return
+
+    def apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None,
+                             mla_rotary_interleaved=False):
+        cp_size = cp_group.size() if cp_group is not None else 1
+        if (cu_seqlens is None or config.apply_rope_fusion or cp_size != 1 or mla_rotary_interleaved
+                or (mla_rotary_interleaved is None and config.multi_latent_attention)):
+            return original(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group,
+                            mla_rotary_interleaved=mla_rotary_interleaved)
+        return thd_rope_without_host_sync(t, cu_seqlens, freqs, rotary_interleaved=config.rotary_interleaved,
+                                          mscale=mscale)
+
+    apply_rotary_pos_emb.stock = original
+    attention_module.apply_rotary_pos_emb = apply_rotary_pos_emb
+
+
+def uninstall_sync_free_thd_rope() -> None:
+    """Back to megatron's own function (benchmarks compare the two side by side)."""
+    import megatron.core.transformer.attention as attention_module
+
+    stock = getattr(attention_module.apply_rotary_pos_emb, "stock", None)
+    if stock is not None:
+        attention_module.apply_rotary_pos_emb = stock
