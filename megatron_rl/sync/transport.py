@@ -557,14 +557,17 @@ class DistributedSender:
 
         if buf.numel() == 0:
             return
-        work = self.group.start_broadcast(buf, 0)
-        while not work.is_completed():
+        # Launch off the event loop: NCCL creates its communicator on the first collective and blocks the
+        # launching thread until every rank has joined, and the engines join only once their HTTP request
+        # (sent by this very loop) has arrived. Launching here would deadlock the first sync on GPUs.
+        launch = _in_daemon_thread(self.group.start_broadcast, buf, 0)
+        while not (launch.done() and launch.result().is_completed()):   # result() re-raises a failed launch
             failed = [p for p in posts if p.done() and (p.cancelled() or p.exception() is not None)]
             if failed:
                 exc = failed[0].exception() if not failed[0].cancelled() else asyncio.CancelledError()
                 raise RuntimeError(f"an engine failed while the bucket was being broadcast: {exc}") from exc
             await asyncio.sleep(0.002)
-        await asyncio.to_thread(self.group.finish, work)
+        await asyncio.to_thread(self.group.finish, launch.result())
 
     async def close(self, engines) -> None:
         """Destroy the group on the engines (best effort: a dead engine has nothing to destroy) and here."""

@@ -65,6 +65,41 @@ def test_update_changes_outputs_and_bumps_version(served, transport):
         assert sender._shm.paths == {}  # every shared-memory file was unlinked after the engine answered
 
 
+def test_a_first_collective_that_waits_for_every_rank_does_not_deadlock(served, monkeypatch):
+    """NCCL creates its communicator on a group's first collective and blocks the launching thread until
+    every rank has launched too. The engine launches its receive only after the trainer's HTTP request
+    arrives, so the trainer must not launch on the event loop that sends that request. Here gloo gets the
+    same first-collective rendezvous (through the group's store), so a launch that blocks the loop fails."""
+    import time
+
+    import torch.distributed as dist
+
+    from megatron_rl.sync.transport import WeightUpdateGroup
+
+    stock = WeightUpdateGroup.start_broadcast
+
+    def nccl_like(self, tensor, src=0):
+        if not getattr(self, "_communicator_ready", False):
+            store = dist.PrefixStore("first-collective", self._store)
+            store.add("arrived", 1)
+            deadline = time.monotonic() + 20
+            while int(store.add("arrived", 0)) < self.spec.world_size:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {self.rank}: the other ranks never launched the first collective")
+                time.sleep(0.01)
+            self._communicator_ready = True
+        return stock(self, tensor, src)
+
+    monkeypatch.setattr(WeightUpdateGroup, "start_broadcast", nccl_like)
+    server, client, model = served
+    new_model = tiny_model(seed=1)
+    engine = HttpEngine(server.url)
+    sender = DistributedSender("127.0.0.1", free_port(), backend="gloo")
+    assert run(_push(engine, sender, _hf_tensors(new_model), cap_bytes=40_000, version="1"), engine.client) > 3
+    version, _ = _check_now_serves(client, new_model)
+    assert version == "1"
+
+
 def test_buckets_before_the_final_one_change_nothing(served):
     server, client, model = served
     new_model = tiny_model(seed=1)
