@@ -44,6 +44,10 @@ SWEEP = {
     "sdpa_keep_output_chunks": {"recompute_logprob_chunks": False},   # no output-layer recompute in backward
     "sdpa_fused_swiglu_keep_output_chunks": {"recompute_logprob_chunks": False,
                                              "megatron": {"bias_activation_fusion": True}},
+    # the wgrad GEMM accumulates into the fp32 main_grad (megatron_rl/parallel/wgrad_fusion.py without apex)
+    "sdpa_fused_swiglu_keep_output_chunks_wgrad_fusion": {
+        "recompute_logprob_chunks": False,
+        "megatron": {"bias_activation_fusion": True, "gradient_accumulation_fusion": True}},
     # 16 sequences per optimizer step: the optimizer's fixed cost per step is spread over twice the tokens
     "sdpa_fused_swiglu_seqs16": {"seqs": 16, "megatron": {"bias_activation_fusion": True}},
     "sdpa_combined": {"max_tokens_per_gpu": 2, "grad_reduce_in_fp32": False, "recompute_logprob_chunks": False,
@@ -52,7 +56,6 @@ SWEEP = {
 # Fusions that need a kernel library the GPU machine lacks; probed without starting a child.
 NEEDS = {
     "apply_rope_fusion": ("transformer_engine", "TransformerEngine >= 1.4"),
-    "gradient_accumulation_fusion": ("fused_weight_gradient_mlp_cuda", "apex / TE fused wgrad kernel"),
     "masked_softmax_fusion": ("scaled_upper_triang_masked_softmax_cuda", "megatron fused softmax extension"),
 }
 

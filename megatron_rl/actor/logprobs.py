@@ -83,18 +83,23 @@ def _mask_padded_vocab(logits: Tensor, vocab_size: int, tp_group) -> Tensor:
 
 
 @contextlib.contextmanager
-def _without_sequence_parallel(output_layer):
-    """The rows given to the output layer are already gathered over the sequence-parallel split.
+def _plain_output_layer(output_layer):
+    """The output layer as `chunked_logprobs` calls it: sequence parallelism and wgrad fusion off.
 
-    With ``sequence_parallel`` off the layer copies its (replicated) input into the TP region,
-    whose backward all-reduces the input gradient; megatron toggles the same flag for inference.
+    The rows given to the output layer are already gathered over the sequence-parallel split. With
+    ``sequence_parallel`` off the layer copies its (replicated) input into the TP region, whose backward
+    all-reduces the input gradient; megatron toggles the same flag for inference. The weight enters
+    through an alias (see `chunked_logprobs`) that has no ``main_grad``, so megatron's gradient-accumulation
+    fusion must not write one: this layer's gradient takes the ordinary path into the parameter.
     """
-    sp = getattr(output_layer, "sequence_parallel", False)
-    output_layer.sequence_parallel = False
+    saved = {k: getattr(output_layer, k, False) for k in ("sequence_parallel", "gradient_accumulation_fusion")}
+    for k in saved:
+        setattr(output_layer, k, False)
     try:
         yield
     finally:
-        output_layer.sequence_parallel = sp
+        for k, v in saved.items():
+            setattr(output_layer, k, v)
 
 
 def _chunk_logprob_entropy(hidden: Tensor, labels: Tensor, weight: Tensor | None, output_layer,
@@ -103,7 +108,7 @@ def _chunk_logprob_entropy(hidden: Tensor, labels: Tensor, weight: Tensor | None
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     tp_group = output_layer.tp_group
-    with _without_sequence_parallel(output_layer):
+    with _plain_output_layer(output_layer):
         logits, _ = output_layer(hidden, weight=weight, runtime_gather_output=False)
     logits = _mask_padded_vocab(logits.float(), vocab_size, tp_group)  # [c, 1, V/tp]
     cols = []

@@ -98,3 +98,15 @@ def test_restart_rope_positions(monkeypatch):
 def test_actor_config_errors_name_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
         ActorConfig(**kw).validate()
+
+
+def test_gradient_accumulation_fusion_without_cuda_is_a_clear_error():
+    import pytest
+    import torch
+
+    from megatron_rl.parallel import wgrad_fusion
+
+    if torch.cuda.is_available():
+        pytest.skip("the error is for machines without CUDA")
+    with pytest.raises(RuntimeError, match="gradient_accumulation_fusion needs CUDA"):
+        wgrad_fusion.install()
