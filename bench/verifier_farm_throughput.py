@@ -265,12 +265,23 @@ def _tasks_by_stem(profile: str) -> dict[str, Any]:
     return {os.path.splitext(os.path.basename(t.path))[0]: apply_size_profile(t, profile) for t in tasks}
 
 
-def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_workers: int) -> dict[str, Any]:
+def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_workers: int,
+             progress: Any = None, every_s: float = 20.0) -> dict[str, Any]:
+    """All candidates through one farm; ``progress(done, total, stats, elapsed_s)`` every ``every_s``."""
+    import concurrent.futures as cf
+
     from verifier.farm import FarmConfig, VerifierFarm
     farm = VerifierFarm(cfg, FarmConfig(compile_workers=compile_workers, result_cache=False))
     try:
         t0 = time.perf_counter()
-        results = farm.verify_batch([(tasks[c.task_stem], c.response) for c in cands])
+        futures = farm.submit_batch([(tasks[c.task_stem], c.response) for c in cands])
+        while True:
+            done, pending = cf.wait(futures, timeout=every_s)
+            if progress is not None:
+                progress(len(done), len(futures), farm.stats(), time.perf_counter() - t0)
+            if not pending:
+                break
+        results = [f.result() for f in futures]
         wall = time.perf_counter() - t0
         stats = farm.stats()
     finally:
@@ -453,7 +464,15 @@ def main() -> int:
     # (a) the farm
     if "farm" not in args.skip:
         phase(f"farm: {len(farm_cands)} candidates, {args.compile_workers} compile workers")
-        f = run_farm(farm_cands, tasks, cfg_for("farm"), args.compile_workers)
+        def farm_progress(done: int, total: int, stats: dict[str, Any], elapsed: float) -> None:
+            report["farm_progress"] = {"done": done, "total": total, "elapsed_s": round(elapsed, 1),
+                                       "compile_busy_fraction": round(stats["compile"]["busy_fraction"], 3),
+                                       "device_busy_fraction": round(stats["device"]["busy_fraction"], 3),
+                                       "categories": stats.get("categories")}
+            phase(f"farm: {done}/{total} verdicts after {elapsed:.0f} s (compile busy "
+                  f"{stats['compile']['busy_fraction']:.2f}, device busy {stats['device']['busy_fraction']:.2f})")
+
+        f = run_farm(farm_cands, tasks, cfg_for("farm"), args.compile_workers, progress=farm_progress)
         st = f["stats"]
         report["farm"] = {"candidates": len(farm_cands), "wall_s": f["wall_s"],
                           "throughput_cand_per_s": len(farm_cands) / f["wall_s"],
