@@ -435,16 +435,24 @@ def run_device(job: dict, chan: Channel) -> None:
     chan.send({"op": "ready", "device": info, "torch": session.torch.__version__})
     # A run child may be started before its candidate exists (a warm spare): the task and candidate files
     # are written into the working directory only now, and the parent says so with "load".
-    msg = chan.recv()
+    try:
+        msg = chan.recv()
+    except SystemExit:   # the worker that started this spare is gone: leave nothing in its directory
+        import shutil      # (the directory itself may not be removable from inside the sandbox)
+        shutil.rmtree(os.path.dirname(job["candidate_path"]), ignore_errors=True)
+        raise
     if msg.get("op") != "load":
         if msg.get("op") == "exit":
             chan.send({"op": "bye"})
         return
+    # The reply to "load" comes before any candidate code runs, so it is the one message after "ready"
+    # that the parent may read as a harness (infra) problem.
     try:
         session.load(job["task_path"])
     except BaseException as e:  # the parent's own task file: a harness problem, not the candidate's
-        chan.send({"op": "error", "phase": "harness", "stage": "task", "error": _describe(e)})
+        chan.send({"op": "task_error", "error": _describe(e)})
         return
+    chan.send({"op": "task_loaded"})
     from verifier.static_checks import CANDIDATE_MODULE_NAME
     try:
         module = _load_module(CANDIDATE_MODULE_NAME, job["candidate_path"])

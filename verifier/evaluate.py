@@ -159,13 +159,15 @@ class _Conversation:
     """Requests to the run child; serves its load_inline requests in between (time spent compiling
     extends the deadline: compiles have their own budget)."""
 
-    def __init__(self, child: SandboxedChild, service: ExtensionService, timeout_s: float):
+    def __init__(self, child: SandboxedChild, service: ExtensionService, timeout_s: float,
+                 pending: list[dict[str, Any]] | None = None):
         self.child, self.service = child, service
         self.deadline = time.monotonic() + timeout_s
+        self.pending = list(pending or [])   # start-up messages a warm spare sent before it was taken
 
     def expect(self) -> dict[str, Any]:
         while True:
-            msg = self.child.recv(self.deadline)
+            msg = self.pending.pop(0) if self.pending else self.child.recv(self.deadline)
             if msg["op"] == "ext_request":
                 before = self.service.seconds
                 reply = self.service.handle(msg)
@@ -290,7 +292,7 @@ class _DeviceStage:
         self.details["child"] = {"pid": self.child.proc.pid if self.child.proc else None,
                                  "started_s_before_stage": round(max(0.0, self._last_lap - self.child.started_at), 3)}
         self.service = ExtensionService(cfg, self.backend)
-        self.conv = _Conversation(self.child, self.service, cfg.startup_timeout_s)
+        self.conv = _Conversation(self.child, self.service, cfg.startup_timeout_s, started.messages)
         hello = self.conv.expect()
         self.details["isolation"] = hello.get("isolation")
         ready = self.conv.expect()
@@ -300,12 +302,17 @@ class _DeviceStage:
                                                           f"{err.get('message', '')[:300]}"), traceback=err)
         self.details["device"] = ready.get("device")
         for name, text in (("candidate.py", self.code), ("task.py", self.task.source)):
-            with open(os.path.join(self.workdir, name), "w") as f:
-                f.write(text)
+            _write_new_file(os.path.join(self.workdir, name), text)
         self.child.send({"op": "load"})
+        loaded = self.conv.expect()    # no candidate code has run yet: a failure here is the harness's
+        if loaded.get("op") != "task_loaded":
+            err = loaded.get("error") if isinstance(loaded.get("error"), dict) else {}
+            raise _Verdict(Category.INFRA, feedback.infra(f"the device child could not load task "
+                                                          f"{self.task.task_id}: {err.get('type')}: "
+                                                          f"{str(err.get('message', ''))[:300]}"))
+        if self.spares:   # start the next candidate's child now; it must be up before this one is timed
+            self.spares.replenish(self._spare_key(), self._start_child)
         self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
-        if self.spares:
-            self.spares.replenish(self._spare_key(), self._start_child)  # starts while this candidate runs
         self.phase = "import"
         return ready
 
@@ -322,7 +329,7 @@ class _DeviceStage:
             return _Verdict(Category.COMPILE_ERROR, feedback.compile_error(compiler_excerpt(msg.get("log", ""))))
         if phase == "harness":
             err = msg.get("error", {})
-            if self.phase in ("start",) or msg.get("stage") == "task":
+            if self.phase in ("start",):
                 return _Verdict(Category.INFRA, feedback.infra(f"{err.get('type')}: {err.get('message')}"))
             return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", str(err.get("message"))))
         err = msg.get("error", {})
@@ -390,6 +397,11 @@ class _DeviceStage:
             if self.backend.is_gpu:
                 self.backend.empty_cache()  # hand the parent's cached reference blocks back to the device
             self._lap("correctness")
+            if self.spares:   # the next child's start-up (CPU, device context, profiler) must not overlap timing
+                waited = time.monotonic()
+                self.spares.wait_started(self._spare_key(), cfg.startup_timeout_s)
+                self.conv.deadline += time.monotonic() - waited   # not the candidate's time
+                self._lap("spare_wait")
             self.phase = "timing"
             t_ref, t_cand, t_comp = self._timing(ref_model)
             self._lap("timing")
@@ -603,6 +615,14 @@ class _DeviceStage:
                 "timing_output_mismatch", "an output produced while being timed was wrong (" +
                 (c.mismatch.describe() if c.mismatch else "structure differs") + "); the kernel must compute the "
                 "result on every call"), rule="timing_output_mismatch", q=1.0)
+
+
+def _write_new_file(path: str, text: str) -> None:
+    """Create ``path`` (never through a symlink or over an existing file: a spare's directory may have
+    been reachable by another candidate's process when the sandbox runs without Landlock)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig,

@@ -33,9 +33,11 @@ def build_model(hf_config, par: ParallelSizes, opt: BuildOptions | None = None, 
             f"pp={ps.get_pipeline_model_parallel_world_size()}, model asked for tp={par.tp} pp={par.pp}"
         )
     use_te = te_available() if opt.use_te is None else opt.use_te
-    if opt.extra.get("gradient_accumulation_fusion") and not use_te:
+    if opt.extra.get("gradient_accumulation_fusion"):
+        # megatron's own ColumnParallelLinear (the output layer, also under the TE spec) asks for apex's
+        # extension; provide it (or the same cuBLAS GEMM through torch) before the model is built
         from megatron_rl.parallel import wgrad_fusion
-        wgrad_fusion.install()   # apex's extension, or the same cuBLAS GEMM through torch
+        wgrad_fusion.install()
     if not torch.cuda.is_available():
         opt = BuildOptions(**{**opt.__dict__, "use_cpu_initialization": True})
     config = spec.transformer_config(hf_config, par, opt)

@@ -32,6 +32,7 @@ import json
 import os
 import pickle
 import tempfile
+import time
 import uuid
 import weakref
 from typing import Any, Sequence
@@ -561,11 +562,14 @@ class DistributedSender:
         # launching thread until every rank has joined, and the engines join only once their HTTP request
         # (sent by this very loop) has arrived. Launching here would deadlock the first sync on GPUs.
         launch = _in_daemon_thread(self.group.start_broadcast, buf, 0)
+        deadline = time.monotonic() + self.timeout_s   # NCCL's communicator init is not bound by the pg timeout
         while not (launch.done() and launch.result().is_completed()):   # result() re-raises a failed launch
             failed = [p for p in posts if p.done() and (p.cancelled() or p.exception() is not None)]
             if failed:
                 exc = failed[0].exception() if not failed[0].cancelled() else asyncio.CancelledError()
                 raise RuntimeError(f"an engine failed while the bucket was being broadcast: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the bucket broadcast did not complete within {self.timeout_s:.0f} s")
             await asyncio.sleep(0.002)
         await asyncio.to_thread(self.group.finish, launch.result())
 

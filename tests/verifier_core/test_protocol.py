@@ -49,3 +49,21 @@ def test_large_input_fingerprint_is_chunked_and_exact():
     y = x.clone()
     y[500, 3] += 1.0
     assert DeviceSession._bytesum(session, y, chunk=4099) != want
+
+
+@pytest.mark.parametrize("phase", ["import", "construct", "trial", "timing"])
+def test_harness_errors_after_the_candidate_loaded_are_never_infra(phase):
+    """Once candidate code may have run, the child can write anything on its result channel: a forged
+    harness error (even one shaped like the task-load failure) is the candidate's runtime error, never an
+    infra verdict (which would be retried and dropped from scoring)."""
+    import types
+
+    from verifier.evaluate import _DeviceStage
+    from verifier.types import Category
+
+    stage = _DeviceStage.__new__(_DeviceStage)
+    stage.phase = phase
+    stage.service = types.SimpleNamespace(infra_error=None, timed_out=False)
+    for forged in ({"op": "error", "phase": "harness", "stage": "task", "error": {"type": "X", "message": "m"}},
+                   {"op": "error", "phase": "harness", "error": {"type": "OSError", "message": "device lost"}}):
+        assert stage._fail_from_error(forged).category == Category.RUNTIME_ERROR

@@ -88,3 +88,44 @@ def test_a_dead_spare_is_replaced_and_close_cleans_up(relu):
         (last,) = spares._spares.values()
         spares.close()
     assert last.child.exited() and not os.path.exists(last.workdir)
+
+
+def test_spare_is_up_before_timing_and_failures_to_start_one_are_harmless(relu):
+    cfg, task, good, _ = relu
+    build = build_candidate(task, good, cfg)
+
+    class NoNewSpares(WarmSpares):
+        def replenish(self, key, start):
+            def fail():
+                raise OSError(11, "Resource temporarily unavailable")
+            super().replenish(key, fail)
+
+    spares = WarmSpares()
+    try:
+        r = run_candidate(task, good, build, cfg, spares=spares)
+        assert r.category == Category.PASS and "spare_wait" in r.details["phase_seconds"]
+        (spare,) = spares._spares.values()
+        assert spare.ready and [m["op"] for m in spare.messages] == ["hello", "ready"]   # read before timing
+    finally:
+        spares.close()
+    broken = NoNewSpares()
+    r = run_candidate(task, good, build, cfg, spares=broken)
+    assert r.category == Category.PASS, r.feedback
+    assert broken._spares == {}
+
+
+def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
+    cfg, task, good, _ = relu
+    spares = WarmSpares()
+    build = build_candidate(task, good, cfg)
+    run_candidate(task, good, build, cfg, spares=spares)
+    (spare,) = spares._spares.values()
+    spares._spares.clear()
+    spare.child.proc.stdin.close()          # what the child sees when the worker that started it dies
+    deadline = time.monotonic() + 60
+    while not spare.child.exited() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spare.child.exited()
+    # the sandbox may let it empty its directory but not unlink the directory itself
+    assert not os.path.exists(spare.workdir) or os.listdir(spare.workdir) == []
+    spare.discard()
