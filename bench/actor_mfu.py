@@ -141,7 +141,7 @@ def run_case(case: dict) -> dict:
             actor.train_step(samples, loss)
             torch.cuda.synchronize()
             wall = time.perf_counter() - t1
-        profile = gpu_kernel_breakdown(prof, wall)
+        profile = gpu_kernel_breakdown(prof, wall, top=40)
         profile["host_syncs"] = count_host_syncs(lambda: actor.train_step(samples, loss))
     tokens = case["seqs"] * case["seq"]
     flops = model_flops(hf, [case["seq"]] * case["seqs"])
