@@ -48,6 +48,9 @@ SWEEP = {
     "sdpa_fused_swiglu_keep_output_chunks_wgrad_fusion": {
         "recompute_logprob_chunks": False,
         "megatron": {"bias_activation_fusion": True, "gradient_accumulation_fusion": True}},
+    # megatron's torch-Adam fallback as it comes (multi-tensor foreach) instead of torch's fused kernel
+    "sdpa_fused_swiglu_keep_output_chunks_foreach_adam": {
+        "recompute_logprob_chunks": False, "fused_adam": False, "megatron": {"bias_activation_fusion": True}},
     # 16 sequences per optimizer step: the optimizer's fixed cost per step is spread over twice the tokens
     "sdpa_fused_swiglu_seqs16": {"seqs": 16, "megatron": {"bias_activation_fusion": True}},
     "sdpa_combined": {"max_tokens_per_gpu": 2, "grad_reduce_in_fp32": False, "recompute_logprob_chunks": False,
@@ -97,7 +100,7 @@ def build_actor(case: dict, hf):
     from megatron_rl.actor import ActorConfig, MegatronActor
 
     keys = {"attention_backend", "max_tokens_per_gpu", "recompute_granularity", "megatron",
-            "grad_reduce_in_fp32", "logprob_chunk_size", "recompute_logprob_chunks"}
+            "grad_reduce_in_fp32", "logprob_chunk_size", "recompute_logprob_chunks", "fused_adam"}
     kwargs = {k: v for k, v in case.items() if k in keys}
     kwargs["max_tokens_per_gpu"] = case.get("max_tokens_per_gpu", 1) * case["seq"]
     cfg = ActorConfig(params_dtype="bfloat16", lr=1e-5, clip_grad=1.0, **kwargs)

@@ -31,6 +31,9 @@ class OptimSettings:
     overlap_grad_reduce: bool = False
     grad_reduce_in_fp32: bool = True
     bucket_size: int | None = None
+    # Without apex/TE, megatron falls back to torch's Adam in its multi-tensor (foreach) form; torch's
+    # single fused kernel does the same update with far fewer passes over the fp32 state.
+    fused_adam: bool = True
 
     def validate(self) -> None:
         problems = []
@@ -96,7 +99,32 @@ def build_optimizer(model: list, settings: OptimSettings, params_dtype: torch.dt
         # by the actor before the step is attempted.
         grad_norm_skip_threshold=float(torch.finfo(torch.float32).max),
     )
-    return get_megatron_optimizer(cfg, model)
+    optimizer = get_megatron_optimizer(cfg, model)
+    if settings.fused_adam:
+        use_fused_torch_adam(optimizer)
+    return optimizer
+
+
+def use_fused_torch_adam(optimizer) -> int:
+    """Switch megatron's torch-Adam fallback to torch's fused implementation; returns the groups switched.
+
+    Only torch's own Adam/AdamW are touched (apex's and TE's FusedAdam are fused already), and only when
+    every parameter sits on a device torch's fused Adam supports. Checkpoints are unaffected: the flag
+    lives in the param groups, and a checkpoint saved with either form loads into the other.
+    """
+    switched = 0
+    for megatron_opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(megatron_opt, "optimizer", None)
+        if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+            continue
+        for group in inner.param_groups:
+            params = group["params"]
+            if group.get("capturable") or group.get("differentiable") or not params or not all(
+                    p.is_floating_point() and p.device.type in ("cuda", "cpu") for p in params):
+                continue
+            group["fused"], group["foreach"] = True, False
+            switched += 1
+    return switched
 
 
 def build_scheduler(optimizer, settings: OptimSettings):
