@@ -27,7 +27,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.common import PEAK_TFLOPS, QWEN3_SHAPES, emit_json, matmul_params, model_flops  # noqa: E402
+from bench.common import (PEAK_TFLOPS, QWEN3_SHAPES, emit_json, gpu_kernel_breakdown,  # noqa: E402
+                          matmul_params, model_flops)
 
 # name -> overrides of the base configuration (see `base_case`)
 SWEEP = {
@@ -138,7 +139,6 @@ def run_case(case: dict) -> dict:
     dt = (time.perf_counter() - t0) / case["steps"]
     profile = None
     if case.get("profile") and cuda:   # one more step, traced: where the device time goes
-        from bench.common import gpu_kernel_breakdown
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             t1 = time.perf_counter()
             actor.train_step(samples, loss)

@@ -18,6 +18,7 @@ Trust map of the checks:
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import secrets
@@ -34,8 +35,8 @@ from .config import VerifierConfig
 from .correctness import compare_outputs, flatten_outputs, same_structure
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
-from .result_cache import config_fingerprint
 from .fallback import candidate_kernels, forbidden_ops
+from .result_cache import config_fingerprint
 from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
@@ -266,7 +267,9 @@ class _DeviceStage:
                 leaves.append(values.get(str(i)))
         return leaves
 
+    @functools.cached_property
     def _spare_key(self) -> tuple:
+        """Which spares this stage may take: same verdict config and work dir, same backend and device."""
         return (f"{config_fingerprint(self.cfg)}:{self.cfg.work_dir}", self.cfg.backend, self.index)
 
     def _start_child(self) -> StartedChild:
@@ -286,7 +289,7 @@ class _DeviceStage:
 
     def _start(self) -> dict[str, Any]:
         cfg = self.cfg
-        started = self.spares.take(self._spare_key(), self._start_child) if self.spares else self._start_child()
+        started = self.spares.take(self._spare_key, self._start_child) if self.spares else self._start_child()
         self.child, self.workdir = started.child, started.workdir
         # a warm spare was started before this stage began (by the previous candidate's stage)
         self.details["child"] = {"pid": self.child.proc.pid if self.child.proc else None,
@@ -311,7 +314,7 @@ class _DeviceStage:
                                                           f"{self.task.task_id}: {err.get('type')}: "
                                                           f"{str(err.get('message', ''))[:300]}"))
         if self.spares:   # start the next candidate's child now; it must be up before this one is timed
-            self.spares.replenish(self._spare_key(), self._start_child)
+            self.spares.replenish(self._spare_key, self._start_child)
         self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
         self.phase = "import"
         return ready
@@ -399,7 +402,7 @@ class _DeviceStage:
             self._lap("correctness")
             if self.spares:   # the next child's start-up (CPU, device context, profiler) must not overlap timing
                 waited = time.monotonic()
-                self.spares.wait_started(self._spare_key(), cfg.startup_timeout_s)
+                self.spares.wait_started(self._spare_key, cfg.startup_timeout_s)
                 self.conv.deadline += time.monotonic() - waited   # not the candidate's time
                 self._lap("spare_wait")
             self.phase = "timing"
