@@ -29,7 +29,11 @@ ensure_venv() {
   echo "[env] building .venv with $py from requirements.txt (first run downloads torch, a few minutes)" >&2
   rm -rf "$root/.venv"
   "$py" -m venv "$root/.venv" || return 1
-  "$root/.venv/bin/python" -m pip install -q --upgrade pip || return 1
-  "$root/.venv/bin/python" -m pip install -q -r "$root/requirements.txt" || { echo "error: pip install -r requirements.txt failed" >&2; return 1; }
+  # --no-cache-dir: pip's wheel cache would hold a second copy of torch and its CUDA libraries
+  # (several GB) next to the venv; a CI disk once ran out of space on exactly that.
+  "$root/.venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip || return 1
+  "$root/.venv/bin/python" -m pip install -q --no-cache-dir -r "$root/requirements.txt" || {
+    echo "error: pip install -r requirements.txt failed (free disk where the venv lives: $(df -h "$root" | awk 'NR==2{print $4}'))" >&2
+    return 1; }
   echo "$want" > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
 }
