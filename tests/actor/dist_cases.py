@@ -228,7 +228,10 @@ def two_ranks(out_dir: str) -> None:
     m3 = actor.train_step(samples, SFTLoss())
     for k, v in single["ckpt_step3"].items():
         assert abs(m3[k] - v) < 1e-6 * max(1.0, abs(v)), f"{k}: {m3[k]} after reload vs {v}"
+    # Adam's update lr*m/(sqrt(v)+eps) turns fp32 rounding differences of near-zero gradients between
+    # TP=1 and TP=2 into weight differences of up to ~1e-6 (seen: 1.3e-6 on AVX-512 hosts, foreach and
+    # fused alike). A lost, stale or misaligned optimizer state moves weights by O(lr) = 3e-3.
     d = _max_diff(_export(actor), single["ckpt_step3_weights"])
-    assert d < 1e-6, f"third step after reload differs by {d} (optimizer state not restored?)"
+    assert d < 1e-5, f"third step after reload differs by {d} (optimizer state not restored?)"
     if dist.get_rank() == 0:
         torch.save({"ok": True}, os.path.join(out_dir, "two_ranks.pt"))
