@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
-from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, read_meta, resolve_checkpoint
+from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
 from .hf_io import (DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter, config_dtype, config_from_dict,
@@ -71,6 +71,10 @@ def check_hf_input(hf_dir: str, par: ParallelSizes):
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise HFCheckpointError(f"{hf_dir}: tensors this {bridge.name} config does not use: "
                                 f"{unexpected[:5]}{more}")
+    bad = bridge.check_hf_tensors(state)
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise HFCheckpointError(f"{hf_dir}: tensors that do not fit config.json: " + "; ".join(bad[:5]) + more)
     for dup, orig in bridge.duplicate_hf_names().items():
         if dup in state and not torch.equal(state.read(dup), state.read(orig)):
             raise HFCheckpointError(f"{state.file_of(dup)}: {dup!r} differs from {orig!r}, but config.json "
@@ -78,21 +82,41 @@ def check_hf_input(hf_dir: str, par: ParallelSizes):
     return cfg, bridge, state
 
 
-def _resolve_dtype(requested: str | None, cfg, state: LazyHFState) -> torch.dtype:
+def _resolve_dtype(requested: str | None, cfg, state: LazyHFState, bridge) -> torch.dtype:
+    """Megatron params dtype: `requested`, else the weights' own dtype.
+
+    The weights win over config.json's ``dtype``/``torch_dtype`` because a Megatron model has one
+    params dtype and converting in the weights' dtype is what keeps HF -> Megatron -> HF bitwise;
+    trusting a config that says bfloat16 over float32 weights would silently round them. A
+    checkpoint mixing dtypes cannot round-trip exactly: it is converted in the config's dtype (or
+    the most common one) with a warning naming the tensors that get cast."""
     if requested is not None:
         return parse_dtype(requested)
+    names = [n for n in bridge.hf_param_names() if n in state]
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for n in names:
+        by_dtype.setdefault(state.dtype(n), []).append(n)
     declared = config_dtype(cfg)
-    if declared is not None:
-        return declared
-    first = next(iter(state.keys()))
-    return state.dtype(first)
+    if len(by_dtype) == 1:
+        (dtype,) = by_dtype
+        if declared is not None and declared != dtype:
+            print(f"warning: {Path(state.path) / 'config.json'} declares dtype {dtype_name(declared)} but the "
+                  f"weights are {dtype_name(dtype)}; converting in {dtype_name(dtype)} "
+                  f"(pass --dtype to choose)", file=sys.stderr)
+        return dtype
+    dtype = declared if declared in by_dtype else max(by_dtype, key=lambda d: len(by_dtype[d]))
+    cast = [n for d, ns in by_dtype.items() if d != dtype for n in ns]
+    print(f"warning: {state.path}: weights mix dtypes {sorted(dtype_name(d) for d in by_dtype)}; converting in "
+          f"{dtype_name(dtype)}, which casts {cast[:5]}{' and more' if len(cast) > 5 else ''} "
+          f"(pass --dtype to choose)", file=sys.stderr)
+    return dtype
 
 
 def hf_to_mcore(job: HFToMcore) -> Path:
     par = ParallelSizes(job.tp, job.pp, job.vpp)
     try:
         cfg, bridge, state = check_hf_input(job.hf_dir, par)
-        dtype = _resolve_dtype(job.dtype, cfg, state)
+        dtype = _resolve_dtype(job.dtype, cfg, state, bridge)
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
     with staged_output(job.out_dir) as tmp:
@@ -129,6 +153,7 @@ def mcore_to_hf(job: McoreToHF) -> Path:
         if not meta.get("hf_config"):
             raise CheckpointError(f"{ckpt / 'meta.json'}: has no hf_config; save the checkpoint with "
                                   f"hf_config= to export it")
+        check_files(ckpt)
         cfg = config_from_dict(meta["hf_config"])
         bridge = get_bridge(cfg)
         bridge.validate(par)

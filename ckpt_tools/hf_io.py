@@ -50,10 +50,21 @@ def load_hf_config(hf_dir: str | os.PathLike):
         raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise HFCheckpointError(f"{path}: has no 'model_type'")
+    check_model_type(raw["model_type"], path)
     try:
         return AutoConfig.from_pretrained(str(hf_dir))
     except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/OSError
         raise HFCheckpointError(f"{path}: transformers cannot read it ({type(e).__name__}: {e})") from None
+
+
+def check_model_type(model_type, where) -> None:
+    """Refuse an architecture without a bridge before transformers parses the config: its own error
+    for a type it does not know says nothing about what this tool converts."""
+    from megatron_rl.bridge import bridge_names
+
+    if model_type not in bridge_names():
+        raise HFCheckpointError(f"{where}: model_type={model_type!r} is not supported; "
+                                f"supported: {bridge_names()}")
 
 
 def config_from_dict(d: dict):
@@ -63,6 +74,7 @@ def config_from_dict(d: dict):
     model_type = d.pop("model_type", None)
     if model_type is None:
         raise HFCheckpointError("stored HF config has no model_type")
+    check_model_type(model_type, "stored HF config")
     return AutoConfig.for_model(model_type, **d)
 
 
@@ -155,9 +167,20 @@ def _fsync_file(path: Path) -> None:
 
 def write_hf_config(out_dir: str | os.PathLike, config_dict: dict, dtype: torch.dtype,
                     architectures: tuple[str, ...]) -> None:
-    cfg = dict(config_dict)
+    """config.json as transformers itself saves it (non-default fields only; no local paths such as
+    ``_name_or_path``), declaring the dtype the weights were written in.
+
+    Two transformers-4 keys are added for older readers: ``torch_dtype`` (< 4.56 ignores ``dtype``)
+    and, for plain RoPE, ``rope_theta`` (transformers 4 ignores ``rope_parameters`` and would
+    silently fall back to theta 10000)."""
+    config = config_from_dict(config_dict)
+    config.dtype = dtype
+    cfg = json.loads(config.to_json_string(use_diff=True))
     cfg["dtype"] = dtype_name(dtype)
-    cfg["torch_dtype"] = dtype_name(dtype)  # readers on transformers < 4.56 look for this key
+    cfg["torch_dtype"] = dtype_name(dtype)
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
     if not cfg.get("architectures"):
         cfg["architectures"] = list(architectures)
     (Path(out_dir) / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")

@@ -55,17 +55,26 @@ def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
     while not p.exists():
         created.append(p)
         p = p.parent
-    for d in reversed(created):
-        d.mkdir()
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        for d in reversed(created):
+            d.mkdir()
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as e:
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise ToolError(f"cannot create the output next to {out}: {e}") from None
     try:
         yield tmp
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)
+        try:
+            if out.exists():
+                out.rmdir()  # empty when checked above; not if another run filled it meanwhile
+            os.replace(tmp, out)
+        except OSError as e:
+            raise ToolError(f"cannot move the finished output into place at {out}: {e}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for d in created:

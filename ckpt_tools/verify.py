@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import get_bridge
-from megatron_rl.checkpoint import CheckpointError, read_meta, resolve_checkpoint
+from megatron_rl.checkpoint import CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ParallelSizes
 
 from .convert import INPUT_ERRORS
@@ -69,16 +69,18 @@ def verify(job: VerifyJob) -> VerifyReport:
     try:
         if job.batch < 1 or job.seq_len < 1:
             raise ValueError(f"batch={job.batch} and seq_len={job.seq_len} must be positive")
-        hf_cfg = load_hf_config(job.hf_dir)
         _it, ckpt = resolve_checkpoint(job.ckpt_dir, job.iteration)
         meta = read_meta(ckpt)
         if not meta.get("hf_config"):
             raise CheckpointError(f"{ckpt / 'meta.json'}: has no hf_config")
+        check_files(ckpt)
         ckpt_cfg = config_from_dict(meta["hf_config"])
+        get_bridge(ckpt_cfg).validate(par)
+        hf_cfg = load_hf_config(job.hf_dir)
         if ckpt_cfg.model_type != hf_cfg.model_type:
             raise CheckpointError(f"{ckpt}: model_type {ckpt_cfg.model_type!r} but {job.hf_dir} has "
                                   f"{hf_cfg.model_type!r}")
-        get_bridge(ckpt_cfg).validate(par)
+        _check_same_shapes(ckpt, ckpt_cfg, job.hf_dir, hf_cfg)
         dtype = parse_dtype(meta.get("params_dtype", "float32"))
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
@@ -106,6 +108,25 @@ def verify(job: VerifyJob) -> VerifyReport:
                         pp=job.pp, tokens=int(tokens.numel()))
 
 
+def _check_same_shapes(ckpt, ckpt_cfg, hf_dir, hf_cfg) -> None:
+    """Models whose tensors differ in shape cannot be run on the same tokens: say which config
+    fields differ instead of failing inside a forward pass (an out-of-range token id, say)."""
+    want, have = get_bridge(ckpt_cfg).hf_shapes(), get_bridge(hf_cfg).hf_shapes()
+    if want == have:
+        return
+    a, b = ckpt_cfg.to_dict(), hf_cfg.to_dict()
+    fields = sorted(k for k in set(a) | set(b) if k not in _META_FIELDS and a.get(k) != b.get(k))
+    diff = "; ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in fields[:8])
+    tensors = [f"{n} {want.get(n)} vs {have.get(n)}" for n in sorted(set(want) | set(have))
+               if want.get(n) != have.get(n)]
+    raise CheckpointError(f"{ckpt} and {hf_dir} are different architectures (checkpoint vs --hf): "
+                          f"{diff or 'config fields agree'}; tensors: {', '.join(tensors[:3])}"
+                          f"{' ...' if len(tensors) > 3 else ''}")
+
+
+_META_FIELDS = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures", "_commit_hash"}
+
+
 @torch.no_grad()
 def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 CPU logits of the transformers model in `dtype` (eager attention)."""
@@ -113,9 +134,14 @@ def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.T
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="eager")
+        model, info = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, attn_implementation="eager",
+                                                           output_loading_info=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds
         raise ToolError(f"{hf_dir}: transformers cannot load the model ({type(e).__name__}: {e})") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # transformers would fill them with random values and the comparison would be meaningless
+        raise ToolError(f"{hf_dir}: HF weights missing, transformers would initialise them randomly: "
+                        f"{missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model = model.to(device).eval()
     logits = model(tokens.to(device)).logits.float().cpu()
     del model

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .transforms import HFSource, LayoutError, Transform, as_source
+from .transforms import HFSource, LayoutError, Transform, as_source, src_dtype
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -39,6 +39,9 @@ class ParamMapping:
     `self_attention.linear_qkv.layer_norm_weight`). Layer mappings are relative to
     `decoder.layers.{layer}.`; `hf` patterns are absolute and may use `{layer}`.
     `export=False`: load-only (a tied output layer is a copy of the embedding).
+    `hf_shapes`: the full shape of each HF tensor that the config implies. Checked before any slicing,
+    so a wrong tensor is reported by name with both shapes rather than as a reshape failure
+    deep inside a transform.
     """
 
     megatron: str | tuple[str, ...]
@@ -46,6 +49,7 @@ class ParamMapping:
     transform: Transform
 
     export: bool = True
+    hf_shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def megatron_names(self) -> tuple[str, ...]:
@@ -62,6 +66,9 @@ class ParamMapping:
         if len(self.hf_patterns) != self.transform.num_hf:
             raise ValueError(f"{self.megatron_names[0]}: transform {type(self.transform).__name__} "
                              f"takes {self.transform.num_hf} HF tensors, got {self.hf_patterns}")
+        if self.hf_shapes is not None and len(self.hf_shapes) != len(self.hf_patterns):
+            raise ValueError(f"{self.megatron_names[0]}: {len(self.hf_shapes)} hf_shapes for "
+                             f"{len(self.hf_patterns)} HF tensors")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +157,32 @@ class Bridge:
         bridge = self if hf_config is None or hf_config is self.hf_config else type(self)(hf_config)
         return [n for u in bridge.export_units() for n in u.hf_names]
 
+    def hf_shapes(self) -> dict[str, tuple[int, ...] | None]:
+        """Every HF tensor name this config reads (tied copies included) -> the shape the config
+        implies (None where the table gives none)."""
+        want: dict[str, tuple[int, ...] | None] = {}
+        units = [_Unit(m, None) for m in self.pre_mappings() + self.post_mappings()]
+        units += [_Unit(m, layer) for layer in range(self.num_layers) for m in self.layer_mappings(layer)]
+        for unit in units:
+            shapes = unit.mapping.hf_shapes or (None,) * len(unit.hf_names)
+            for name, shape in zip(unit.hf_names, shapes):
+                want.setdefault(name, None if shape is None else tuple(shape))
+        for dup, orig in self.duplicate_hf_names().items():
+            want.setdefault(dup, want.get(orig))
+        return want
+
+    def check_hf_tensors(self, hf_state: Mapping[str, Tensor] | HFSource) -> list[str]:
+        """One line per HF tensor present in `hf_state` whose shape or dtype cannot be loaded
+        (wrong shape for this config, or not floating point). Missing names are `check_hf_names`' job."""
+        src = as_source(hf_state)
+        problems = []
+        for name, shape in self.hf_shapes().items():
+            if name in src:
+                problem = _tensor_problem(src, name, shape)
+                if problem:
+                    problems.append(problem)
+        return problems
+
     def check_hf_names(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
         """(missing, unexpected) HF names of a checkpoint against this config."""
         expected = self.hf_param_names()
@@ -227,9 +260,12 @@ class Bridge:
         duplicates = self.duplicate_hf_names()
         for unit, param in self.local_params(model_chunks):
             names = unit.hf_names
-            for n in names:
+            for n, shape in zip(names, unit.mapping.hf_shapes or (None,) * len(names)):
                 if n not in src:
                     raise BridgeError(f"HF tensor {n!r} (for Megatron {unit.key}) is missing")
+                problem = _tensor_problem(src, n, shape)
+                if problem:
+                    raise BridgeError(f"{problem} (for Megatron {unit.key})")
             try:
                 shard = unit.mapping.transform.shard(src, names, tp_rank, tp_size, tuple(param.shape))
             except LayoutError as e:
@@ -237,6 +273,9 @@ class Bridge:
             if unit.mapping.export:
                 for dup, orig in duplicates.items():
                     if orig in names and dup in src:
+                        problem = _tensor_problem(src, dup, tuple(src.shape(orig)))
+                        if problem:
+                            raise BridgeError(f"{problem} (a copy of {orig!r}: tie_word_embeddings=True)")
                         alt = unit.mapping.transform.shard(
                             src, tuple(dup if n == orig else n for n in names), tp_rank, tp_size,
                             tuple(param.shape))
@@ -311,6 +350,17 @@ class Bridge:
             for k, v in stage.items():
                 owners.setdefault(k, v)
         return owners
+
+
+def _tensor_problem(src: HFSource, name: str, shape: tuple[int, ...] | None) -> str | None:
+    """Why HF tensor `name` cannot be loaded (wrong shape for the config, not floating), or None."""
+    got = tuple(src.shape(name))
+    if shape is not None and got != tuple(shape):
+        return f"HF tensor {name!r} has shape {got}, the config implies {tuple(shape)}"
+    dtype = src_dtype(src, name)
+    if not dtype.is_floating_point:
+        return f"HF tensor {name!r} has dtype {str(dtype).removeprefix('torch.')}, expected a floating-point weight"
+    return None
 
 
 def _shares_storage(a: Tensor, b: Tensor) -> bool:

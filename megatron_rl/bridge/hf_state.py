@@ -32,6 +32,7 @@ class LazyHFState:
 
     All files are opened (headers parsed, contents mapped) at construction so a corrupt file or an
     index that points at missing tensors fails here with the file's name, before any rank writes.
+    Without either file, every ``*.safetensors`` in the directory is read.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -42,7 +43,11 @@ class LazyHFState:
             raise HFCheckpointError(f"HF checkpoint directory {self.path} does not exist")
         index = self.path / INDEX_NAME
         declared: dict[str, str] | None = None
-        if index.exists():
+        if (self.path / SINGLE_NAME).exists():
+            # transformers' own order: a single model.safetensors wins over an index, so the
+            # tools convert exactly the weights `from_pretrained` (and `verify`) would load
+            files = [SINGLE_NAME]
+        elif index.exists():
             try:
                 declared = json.loads(index.read_text())["weight_map"]
                 if not isinstance(declared, dict):
@@ -50,12 +55,13 @@ class LazyHFState:
             except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
                 raise HFCheckpointError(f"{index}: not a valid safetensors index ({e})") from None
             files = sorted(set(declared.values()))
-        elif (self.path / SINGLE_NAME).exists():
-            files = [SINGLE_NAME]
         else:
             files = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not files:
-            raise HFCheckpointError(f"{self.path}: no safetensors weights ({SINGLE_NAME} or {INDEX_NAME})")
+            bins = sorted(p.name for p in self.path.glob("*.bin"))
+            hint = (f"; found {bins[:2]}: only safetensors are read (re-save with transformers' "
+                    f"save_pretrained, which writes safetensors)") if bins else ""
+            raise HFCheckpointError(f"{self.path}: no safetensors weights ({SINGLE_NAME} or {INDEX_NAME}){hint}")
 
         self._handles = {}
         self._where: dict[str, str] = {}

@@ -25,30 +25,36 @@ class Qwen3Bridge(Bridge):
         super().__init__(hf_config)
         cfg = hf_config
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        vocab = VocabParallel(vocab_size=int(cfg.vocab_size))
-        self._pre = [ParamMapping("embedding.word_embeddings.weight", "model.embed_tokens.weight", vocab)]
+        V, h, ffn = int(cfg.vocab_size), int(cfg.hidden_size), int(cfg.intermediate_size)
+        nh, ng, hd = int(cfg.num_attention_heads), int(cfg.num_key_value_heads), head_dim(cfg)
+        vocab = VocabParallel(vocab_size=V)
+        self._pre = [ParamMapping("embedding.word_embeddings.weight", "model.embed_tokens.weight", vocab,
+                                  hf_shapes=((V, h),))]
         self._post = [
-            ParamMapping("decoder.final_layernorm.weight", "model.norm.weight", Replicated()),
+            ParamMapping("decoder.final_layernorm.weight", "model.norm.weight", Replicated(), hf_shapes=((h,),)),
             # Tied: only a PP>1 last stage has this parameter (a copy of the embedding).
             ParamMapping("output_layer.weight", "model.embed_tokens.weight" if self.tied else "lm_head.weight",
-                         vocab, export=not self.tied),
+                         vocab, export=not self.tied, hf_shapes=((V, h),)),
         ]
-        qkv = QKVInterleave(num_heads=int(cfg.num_attention_heads), num_groups=int(cfg.num_key_value_heads),
-                            head_dim=head_dim(cfg))
+        qkv = QKVInterleave(num_heads=nh, num_groups=ng, head_dim=hd)
         L = _HF_LAYER
         self._layer = [
             ParamMapping(("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
-                         L + "input_layernorm.weight", Replicated()),
+                         L + "input_layernorm.weight", Replicated(), hf_shapes=((h,),)),
             ParamMapping("self_attention.linear_qkv.weight",
                          (L + "self_attn.q_proj.weight", L + "self_attn.k_proj.weight", L + "self_attn.v_proj.weight"),
-                         qkv),
-            ParamMapping("self_attention.q_layernorm.weight", L + "self_attn.q_norm.weight", Replicated()),
-            ParamMapping("self_attention.k_layernorm.weight", L + "self_attn.k_norm.weight", Replicated()),
-            ParamMapping("self_attention.linear_proj.weight", L + "self_attn.o_proj.weight", RowParallel()),
+                         qkv, hf_shapes=((nh * hd, h), (ng * hd, h), (ng * hd, h))),
+            ParamMapping("self_attention.q_layernorm.weight", L + "self_attn.q_norm.weight", Replicated(),
+                         hf_shapes=((hd,),)),
+            ParamMapping("self_attention.k_layernorm.weight", L + "self_attn.k_norm.weight", Replicated(),
+                         hf_shapes=((hd,),)),
+            ParamMapping("self_attention.linear_proj.weight", L + "self_attn.o_proj.weight", RowParallel(),
+                         hf_shapes=((h, nh * hd),)),
             ParamMapping(("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"),
-                         L + "post_attention_layernorm.weight", Replicated()),
-            ParamMapping("mlp.linear_fc1.weight", (L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"), GatedMLP()),
-            ParamMapping("mlp.linear_fc2.weight", L + "mlp.down_proj.weight", RowParallel()),
+                         L + "post_attention_layernorm.weight", Replicated(), hf_shapes=((h,),)),
+            ParamMapping("mlp.linear_fc1.weight", (L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight"), GatedMLP(),
+                         hf_shapes=((ffn, h), (ffn, h))),
+            ParamMapping("mlp.linear_fc2.weight", L + "mlp.down_proj.weight", RowParallel(), hf_shapes=((h, ffn),)),
         ]
 
     def pre_mappings(self):

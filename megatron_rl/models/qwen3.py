@@ -21,6 +21,28 @@ def head_dim(hf) -> int:
     return int(hd) if hd else hf.hidden_size // hf.num_attention_heads
 
 
+def _rope_problems(hf) -> list[str]:
+    """Only plain RoPE over the whole head maps onto Megatron's ``position_embedding_type='rope'``.
+
+    transformers 5 reads a transformers-4 ``rope_scaling`` into ``rope_parameters``; the message
+    names both keys so it points at the field in either style of config.json."""
+    field = "rope_parameters (rope_scaling in transformers-4 configs)"
+    rope = getattr(hf, "rope_parameters", None) or {}
+    if not isinstance(rope, dict):
+        return [f"{field}: expected an object, got {type(rope).__name__}"]
+    if any(isinstance(v, dict) for v in rope.values()):
+        return [f"{field}: per-layer-type RoPE parameters ({sorted(rope)}) are not supported"]
+    problems = []
+    rtype = rope.get("rope_type", rope.get("type", "default"))
+    if rtype not in (None, "default"):
+        problems.append(f"{field}: rope_type={rtype!r} is not supported (only default RoPE; "
+                        f"scaled RoPE such as yarn/linear/dynamic would change the model)")
+    partial = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
+    if partial is not None and float(partial) != 1.0:
+        problems.append(f"{field}: partial_rotary_factor={partial} must be 1.0 for Qwen3")
+    return problems
+
+
 def validate(hf, par: ParallelSizes) -> None:
     """Reject every HF field value the local/TE GPT spec would silently compute differently."""
     problems: list[str] = []
@@ -29,21 +51,28 @@ def validate(hf, par: ParallelSizes) -> None:
         if not cond:
             problems.append(msg)
 
-    for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "rms_norm_eps"):
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "num_key_value_heads")
+    for f in (*sizes, "rms_norm_eps"):
         need(getattr(hf, f, None) is not None, f"{f}: missing")
+    for f in sizes:
+        v = getattr(hf, f, None)
+        need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+             f"{f}={v!r}: must be a positive integer")
+    hd = getattr(hf, "head_dim", None)
+    need(hd is None or (isinstance(hd, int) and not isinstance(hd, bool) and hd > 0),
+         f"head_dim={hd!r}: must be a positive integer")
     if problems:
         raise ConfigMismatchError("invalid HF config: " + "; ".join(problems))
-    need(hf.hidden_act == "silu", f"hidden_act={hf.hidden_act!r}: only 'silu' (SwiGLU) is supported")
+    need(head_dim(hf) % 2 == 0, f"head_dim={head_dim(hf)}: RoPE needs an even head_dim")
+    act = getattr(hf, "hidden_act", None)
+    need(act in ("silu", "swish"), f"hidden_act={act!r}: only 'silu' (= 'swish', SwiGLU) is supported")
     need(not getattr(hf, "attention_bias", False), "attention_bias=True: Qwen3 spec has no QKV bias")
     need(not getattr(hf, "use_sliding_window", False), "use_sliding_window=True: sliding-window attention is not supported")
     lt = getattr(hf, "layer_types", None)
     need(lt is None or all(t == "full_attention" for t in lt),
          f"layer_types: only 'full_attention' layers are supported, got {sorted(set(lt or []))}")
-    rope = getattr(hf, "rope_parameters", None) or {}
-    rtype = rope.get("rope_type", rope.get("type", "default"))
-    need(rtype in (None, "default"), f"rope_parameters.rope_type={rtype!r}: only default RoPE is supported")
-    need(float(rope.get("partial_rotary_factor", 1.0)) == 1.0, "rope_parameters.partial_rotary_factor must be 1.0 for Qwen3")
+    problems += _rope_problems(hf)
     need(not getattr(hf, "attention_dropout", 0.0), "attention_dropout must be 0")
     nh, ng = hf.num_attention_heads, hf.num_key_value_heads
     need(nh % ng == 0, f"num_attention_heads={nh} is not a multiple of num_key_value_heads={ng}")
@@ -51,8 +80,11 @@ def validate(hf, par: ParallelSizes) -> None:
     need(ng % par.tp == 0 or par.tp % ng == 0,
          f"num_key_value_heads={ng} and tp={par.tp}: one must divide the other")
     need(hf.intermediate_size % par.tp == 0, f"intermediate_size={hf.intermediate_size} is not divisible by tp={par.tp}")
-    need(hf.num_hidden_layers % par.pp == 0,
-         f"num_hidden_layers={hf.num_hidden_layers} is not divisible by pp={par.pp}")
+    stages = par.pp * (par.vpp or 1)
+    need(hf.num_hidden_layers % stages == 0,
+         f"num_hidden_layers={hf.num_hidden_layers} is not divisible by pp={par.pp}"
+         + (f" x vpp={par.vpp}" if par.vpp else "") + " (every pipeline stage needs the same number of layers)")
+    need(not par.vpp or par.pp > 1, f"vpp={par.vpp} needs pp > 1 (interleaved pipeline), got pp={par.pp}")
     if problems:
         raise ConfigMismatchError("HF config does not match the Qwen3 Megatron spec: " + "; ".join(problems))
 

@@ -9,12 +9,13 @@ import torch
 
 
 def tiny_config(*, tied: bool = False, layers: int = 2, vocab: int = 250, heads: int = 4, kv_heads: int = 2,
-                head_dim: int = 16, hidden: int = 64, ffn: int = 96):
+                head_dim: int = 16, hidden: int = 64, ffn: int = 96, **extra):
+    """`extra`: further Qwen3Config fields (e.g. ``rope_parameters``)."""
     from transformers import Qwen3Config
 
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                      tie_word_embeddings=tied, max_position_embeddings=512, rms_norm_eps=1e-6)
+                      tie_word_embeddings=tied, max_position_embeddings=512, rms_norm_eps=1e-6, **extra)
     cfg._attn_implementation = "eager"
     return cfg
 
