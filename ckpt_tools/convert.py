@@ -23,6 +23,7 @@ from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
 from .hf_io import (DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter, config_dtype, config_from_dict,
                     copy_assets, dtype_name, load_hf_config, parse_dtype, write_hf_config)
+from megatron_rl.bridge.hf_dir import check_hf_input  # noqa: F401  (re-exported)
 from .ranks import ToolError, limit_threads, run_ranks, staged_output
 
 INPUT_ERRORS = (HFCheckpointError, ConfigMismatchError, BridgeError, CheckpointError, ValueError)
@@ -55,31 +56,6 @@ def _tqdm(**kw):
     from tqdm import tqdm
 
     return tqdm(file=sys.stderr, dynamic_ncols=True, **kw)
-
-
-def check_hf_input(hf_dir: str, par: ParallelSizes):
-    """(config, bridge, state) after validating everything a conversion needs from `hf_dir`."""
-    cfg = load_hf_config(hf_dir)
-    bridge = get_bridge(cfg)
-    bridge.validate(par)
-    state = LazyHFState(hf_dir)
-    missing, unexpected = bridge.check_hf_names(list(state.keys()))
-    if missing:
-        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise HFCheckpointError(f"{hf_dir}: tensors missing for this config: {missing[:5]}{more}")
-    if unexpected:
-        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
-        raise HFCheckpointError(f"{hf_dir}: tensors this {bridge.name} config does not use: "
-                                f"{unexpected[:5]}{more}")
-    bad = bridge.check_hf_tensors(state)
-    if bad:
-        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
-        raise HFCheckpointError(f"{hf_dir}: tensors that do not fit config.json: " + "; ".join(bad[:5]) + more)
-    for dup, orig in bridge.duplicate_hf_names().items():
-        if dup in state and not torch.equal(state.read(dup), state.read(orig)):
-            raise HFCheckpointError(f"{state.file_of(dup)}: {dup!r} differs from {orig!r}, but config.json "
-                                    f"ties them (tie_word_embeddings=true)")
-    return cfg, bridge, state
 
 
 def _resolve_dtype(requested: str | None, cfg, state: LazyHFState, bridge) -> torch.dtype:

@@ -14,6 +14,7 @@ from typing import Iterable
 import torch
 
 from megatron_rl.bridge import HFCheckpointError
+from megatron_rl.bridge.hf_dir import check_model_type, load_hf_config  # noqa: F401  (re-exported)
 from megatron_rl.checkpoint import HF_ASSET_FILES
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3  # HF's default "5GB"
@@ -33,38 +34,6 @@ def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def load_hf_config(hf_dir: str | os.PathLike):
-    """The transformers config of an HF model directory (clear errors naming config.json)."""
-    from transformers import AutoConfig
-
-    path = Path(hf_dir) / "config.json"
-    if not Path(hf_dir).is_dir():
-        raise HFCheckpointError(f"HF checkpoint directory {hf_dir} does not exist")
-    if not path.is_file():
-        raise HFCheckpointError(f"{path}: missing")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict) or "model_type" not in raw:
-        raise HFCheckpointError(f"{path}: has no 'model_type'")
-    check_model_type(raw["model_type"], path)
-    try:
-        return AutoConfig.from_pretrained(str(hf_dir))
-    except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/OSError
-        raise HFCheckpointError(f"{path}: transformers cannot read it ({type(e).__name__}: {e})") from None
-
-
-def check_model_type(model_type, where) -> None:
-    """Refuse an architecture without a bridge before transformers parses the config: its own error
-    for a type it does not know says nothing about what this tool converts."""
-    from megatron_rl.bridge import bridge_names
-
-    if model_type not in bridge_names():
-        raise HFCheckpointError(f"{where}: model_type={model_type!r} is not supported; "
-                                f"supported: {bridge_names()}")
 
 
 def config_from_dict(d: dict):

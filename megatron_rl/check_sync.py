@@ -4,17 +4,22 @@
                                      [--transport colocated|distributed] [--dtype float32|bfloat16] [--json]
 
 Spawns tp*pp trainer ranks, builds the actor (a tiny random Qwen3 when no --model), starts an engine
-whose initial weights differ from the actor's (another random init; with --model, the checkpoint),
+whose initial weights differ from the actor's (another random init of the same config, so every weight
+has to arrive through the sync; a running --engine-url or an SGLang engine starts from the checkpoint),
 syncs, samples one sequence from the engine at temperature 1, and compares the engine's per-token
 logprobs with ``MegatronActor.compute_logprobs`` on the same tokens. Prints
 ``max_abs_logprob_diff``, ``weight_version`` and ``sync_seconds`` (plus the sync's phases); exits 0
 within tolerance (default 1e-3 in fp32, 5e-2 in bf16), 1 beyond it, 2 on errors.
+
+Bad input (a missing or corrupt checkpoint, an unsupported model_type, a TP/PP the model cannot be
+sharded at) is reported before any engine or rank starts, with a message naming the file or field.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -54,6 +59,22 @@ def write_tiny_model(path: str, seed: int = 0, **overrides) -> str:
     return path
 
 
+def check_model(hf_dir: str, tp: int, pp: int):
+    """The HF config of `hf_dir` once everything the ranks will need from it is known to be there:
+    config.json, a supported model_type, a shape the actor can shard at tp x pp, readable safetensors
+    whose tensor names and shapes fit the config. The same checks as `ckpt_tools hf-to-mcore`; raises
+    ValueError naming the file or field, before any engine or rank is started."""
+    from megatron_rl.bridge import BridgeError, HFCheckpointError
+    from megatron_rl.bridge.hf_dir import check_hf_input
+    from megatron_rl.models import ConfigMismatchError, ParallelSizes
+
+    try:
+        hf, _bridge, _state = check_hf_input(hf_dir, ParallelSizes(tp, pp))
+    except (HFCheckpointError, ConfigMismatchError, BridgeError, ValueError) as e:
+        raise ValueError(f"--model {hf_dir}: {e} (--tp {tp} --pp {pp})") from None
+    return hf
+
+
 def _rank_main(a: CheckArgs) -> None:
     import torch.distributed as dist
     from transformers import AutoConfig
@@ -87,7 +108,9 @@ def _rank_main(a: CheckArgs) -> None:
         tokens, engine_lps, served_version = gen[0]
         sample = TrainSample(tokens=a.prompt + tokens, loss_mask=[0] * len(a.prompt) + [1] * len(tokens))
         actor_lps = actor.compute_logprobs([sample])[0][len(a.prompt):]
-        diff = max(abs(float(x) - float(y)) for x, y in zip(actor_lps.tolist(), engine_lps)) if tokens else 0.0
+        diffs = [abs(float(x) - float(y)) for x, y in zip(actor_lps.tolist(), engine_lps)]
+        # max() skips a NaN that is not first: a NaN logprob on either side must fail the check, not vanish
+        diff = max(diffs) if all(math.isfinite(x) for x in diffs) else math.inf
         if info.rank == 0:
             out = {"max_abs_logprob_diff": diff, "weight_version": report.weight_version,
                    "served_weight_version": served_version, "sync_seconds": round(report.seconds, 4),
@@ -110,34 +133,38 @@ def run_check(*, tp: int, pp: int, model: str | None, engine: str = "embedded", 
 
     if tp < 1 or pp < 1:
         raise ValueError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1 (with no generated token nothing is compared), "
+                         f"got {max_new_tokens}")
+    if engine not in ("embedded", "sglang"):
+        raise ValueError(f"--engine {engine!r}: use 'embedded' or 'sglang'")
     work = workdir or tempfile.mkdtemp(prefix="check-sync-")
     hf_dir = model
     if hf_dir is None:
         hf_dir = write_tiny_model(os.path.join(work, "tiny-qwen3"), seed=0)
-    elif not os.path.exists(os.path.join(hf_dir, "config.json")):
-        raise FileNotFoundError(f"--model {hf_dir!r} is not an HF checkpoint directory (no config.json)")
+    hf = check_model(hf_dir, tp, pp)
+    prompt = [(seed * 7919 + 13 * i + 1) % max(hf.vocab_size - 1, 1) + 1 for i in range(8)]
+    context = int(hf.max_position_embeddings)
+    if len(prompt) + max_new_tokens >= context:
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: {len(prompt)} prompt tokens + {max_new_tokens} do not "
+                         f"fit the model's context length {context} (max_position_embeddings)")
 
     server = None
     if engine_url is None:
         if engine == "embedded":
-            args: dict[str, Any] = {"device": engine_device, "dtype": dtype}
-            if model is None:  # a different random init, so the sync has to move every weight
-                engine_model = write_tiny_model(os.path.join(work, "tiny-qwen3-engine"), seed=1)
-            else:
-                engine_model = hf_dir
-            cfg = SGLangServerConfig(model_path=engine_model, launch_module="megatron_rl.rollout.embedded_server",
+            # a different random init of the same config: a weight the sync misses shows in the logprobs
+            args: dict[str, Any] = {"device": engine_device, "dtype": dtype,
+                                    "hf_config": os.path.join(hf_dir, "config.json"), "init_seed": seed + 1}
+            cfg = SGLangServerConfig(model_path=None, launch_module="megatron_rl.rollout.embedded_server",
                                      server_args=args, log_dir=work, watchdog_interval_s=None, health_poll_s=0.25)
-        elif engine == "sglang":
+        else:
             gpu = {} if engine_device == "auto" else {"base_gpu_id": int(engine_device.split(":")[-1])}
             cfg = SGLangServerConfig(model_path=hf_dir, log_dir=work, watchdog_interval_s=None, **gpu,
                                      server_args={"skip_tokenizer_init": True, "dtype": dtype, **(sglang_args or {})})
-        else:
-            raise ValueError(f"--engine {engine!r}: use 'embedded' or 'sglang'")
         server = ServerProcess(cfg)
         engine_url = server.start()
     try:
         result_path = os.path.join(work, "result.json")
-        prompt = [(seed * 7919 + 13 * i + 1) % 500 + 1 for i in range(8)]
         a = CheckArgs(tp=tp, pp=pp, hf_dir=hf_dir, engine_url=engine_url, transport=transport, dtype=dtype,
                       prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, result_path=result_path,
                       sglang_native=(engine == "sglang"))
@@ -150,6 +177,8 @@ def run_check(*, tp: int, pp: int, model: str | None, engine: str = "embedded", 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megatron_rl.rollout.sglang_engine import ServerLaunchError
+
     p = argparse.ArgumentParser(prog="python -m megatron_rl.check_sync", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
@@ -166,21 +195,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     tol = args.tolerance if args.tolerance is not None else (1e-3 if args.dtype == "float32" else 5e-2)
+    if not (math.isfinite(tol) and tol >= 0):
+        return _fail(f"--tolerance must be a non-negative number, got {tol}", args.json)
     try:
         result = run_check(tp=args.tp, pp=args.pp, model=args.model, engine=args.engine, transport=args.transport,
                            dtype=args.dtype, engine_url=args.engine_url, max_new_tokens=args.max_new_tokens,
                            seed=args.seed, engine_device=args.engine_device)
-    except Exception as e:
-        if args.json:
-            print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
-        else:
-            traceback.print_exc()
-            print(f"check_sync: error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, ServerLaunchError) as e:  # bad input found before the ranks start; the engine's log tail
+        return _fail(str(e), args.json)
+    except Exception as e:  # noqa: BLE001 - a rank or the engine failed: the last line says why, the log says where
+        detail = traceback.format_exc()
+        log_path = os.path.join(tempfile.mkdtemp(prefix="check-sync-error-"), "error.log")
+        with open(log_path, "w") as f:
+            f.write(detail)
+        return _fail(f"{type(e).__name__}: {_last_line(str(e))} (full traceback: {log_path})", args.json)
     result["tolerance"] = tol
     result["ok"] = result["max_abs_logprob_diff"] <= tol
+    if not math.isfinite(result["max_abs_logprob_diff"]):
+        result["max_abs_logprob_diff"] = None  # JSON has no infinity; ok=false says it failed
+        result["error"] = "a logprob on the actor or the engine side is not finite"
     if args.json:
         print(json.dumps(result))
+    elif result["max_abs_logprob_diff"] is None:
+        print(f"check_sync: {result['error']}", file=sys.stderr)
     else:
         s = result["sync"]
         print(f"tp={args.tp} pp={args.pp} {args.transport}: max |logprob diff| = {result['max_abs_logprob_diff']:.3g} "
@@ -188,6 +225,19 @@ def main(argv: list[str] | None = None) -> int:
               f"sync {result['sync_seconds']:.3f}s (gather {s['gather_s']:.3f}s, bucket {s['bucket_s']:.3f}s, "
               f"send {s['send_s']:.3f}s, {s['gbps']:.2f} GB/s)")
     return 0 if result["ok"] else 1
+
+
+def _fail(message: str, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"error": message, "ok": False}))
+    print(f"check_sync: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _last_line(text: str) -> str:
+    """A rank's failure arrives as its whole traceback; its last line names the error."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else text
 
 
 if __name__ == "__main__":

@@ -60,15 +60,10 @@ def prepare_model(cfg) -> tuple[str, str]:
     model_dir = run_dir / "model"
     if not (model_dir / "config.json").is_file():
         import torch
-        from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+        from transformers import AutoTokenizer, Qwen3ForCausalLM
 
         t = cfg.model.tiny
-        vocab = t.vocab_size or len(AutoTokenizer.from_pretrained(tokenizer_path))
-        hf_cfg = Qwen3Config(
-            vocab_size=vocab, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-            num_hidden_layers=t.num_layers, num_attention_heads=t.num_attention_heads,
-            num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, tie_word_embeddings=t.tie_word_embeddings,
-            max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+        hf_cfg = t.hf_config(t.vocab_size or len(AutoTokenizer.from_pretrained(tokenizer_path)))
         torch.manual_seed(t.init_seed)
         gpu = torch.cuda.is_available() and cfg.cluster.use_gpu is not False
         dtype = torch.bfloat16 if cfg.actor.params_dtype == "bfloat16" else torch.float32

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 PAUSE_MODES = ("abort", "in_place", "retract")
+MAX_WAVE_FAILURES = 3  # consecutive failed waves before the scheduler gives up (and /health fails)
 
 
 class EngineStateError(RuntimeError):
@@ -158,7 +159,11 @@ class EmbeddedEngine:
                     on_done: Callable[[dict], None], rid: str | None = None) -> GenRequest:
         if not prompt:
             raise ValueError("input_ids is empty")
-        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        not_ids = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool)]
+        if not_ids:
+            raise ValueError(f"input_ids must be integers (token ids), got {len(not_ids)} other value(s), "
+                             f"e.g. {not_ids[0]!r}")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"input_ids contains {len(bad)} token(s) outside [0, {self.vocab_size}), e.g. {bad[0]!r}")
         if len(prompt) >= self.context_length:
@@ -233,7 +238,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ memory
 
     def release_memory(self, tags: Iterable[str] | None) -> None:
-        tags = _check_tags(tags)
+        tags = check_tags(tags)
         if not self.is_idle():
             raise EngineStateError("cannot release memory while requests are running or waiting")
         with self._model_lock:
@@ -245,7 +250,7 @@ class EmbeddedEngine:
             torch.cuda.empty_cache()
 
     def resume_memory(self, tags: Iterable[str] | None) -> None:
-        tags = _check_tags(tags)
+        tags = check_tags(tags)
         with self._model_lock:
             if "weights" in tags and "weights" in self._released and self.device.type != "cpu":
                 for p in self._unique_tensors():
@@ -338,6 +343,7 @@ class EmbeddedEngine:
                 self._cv.wait(timeout=min(left, 0.5))
 
     def _loop(self) -> None:
+        failures = 0  # consecutive failed waves
         try:
             while True:
                 with self._cv:
@@ -352,13 +358,23 @@ class EmbeddedEngine:
                         continue
                     wave = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.config.max_batch_size))]
                     self._running = list(wave)
+                message = "engine error"
                 try:
                     self._run_wave(wave)
+                    failures = 0
+                except Exception as e:
+                    # One failed wave ends its own requests; the engine keeps serving. Failing again and
+                    # again means the engine itself is broken: then it stops and /health says so.
+                    failures += 1
+                    if failures >= MAX_WAVE_FAILURES:
+                        raise
+                    log.exception("embedded engine: a wave of %d requests failed", len(wave))
+                    message = f"engine error: {type(e).__name__}: {e}"
                 finally:
                     with self._cv:
                         for r in self._running:
                             if r.finish is None:
-                                self._finish(r, {"type": "abort", "message": "engine error"})
+                                self._finish(r, {"type": "abort", "message": message})
                         self._running = []
                         self._cv.notify_all()
         except BaseException as e:  # surfaced through /health and every later request
@@ -497,9 +513,11 @@ def _eos_ids(model) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _check_tags(tags: Iterable[str] | None) -> list[str]:
+def check_tags(tags: Iterable[str] | None) -> list[str]:
     if tags is None:
         return list(MEMORY_TAGS)
+    if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+        raise ValueError(f"tags must be null or a list of strings from {list(MEMORY_TAGS)}, got {tags!r}")
     tags = list(tags)
     bad = [t for t in tags if t not in MEMORY_TAGS]
     if bad:

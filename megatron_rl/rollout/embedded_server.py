@@ -29,7 +29,7 @@ from aiohttp import web
 
 from ..sync.transport import (WeightGroupSpec, WeightUpdateGroup, decode_payload, default_shm_dir,
                               receive_flattened, receive_per_tensor)
-from .embedded_engine import EmbeddedEngine, EmbeddedEngineConfig, EngineStateError
+from .embedded_engine import EmbeddedEngine, EmbeddedEngineConfig, EngineStateError, check_tags
 from .sampling import RequestSampling, SamplingParamError
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,18 @@ def _error(message: str, status: int = 400) -> web.Response:
 
 def _weights_result(success: bool, message: str) -> web.Response:
     return web.json_response({"success": success, "message": message}, status=200 if success else 400)
+
+
+@web.middleware
+async def _unexpected_errors(request: web.Request, handler):
+    """A bug reached by some request still answers JSON with a message (aiohttp's bare 500 says nothing)."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as e:  # noqa: BLE001 - every handler validates its input; this is the backstop
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(f"internal error in {request.path}: {type(e).__name__}: {e}", 500)
 
 
 async def _json(request: web.Request) -> dict:
@@ -80,7 +92,7 @@ class EmbeddedServer:
     # ------------------------------------------------------------------ app
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_unexpected_errors])
         r = app.router
         r.add_route("POST", "/generate", self.generate)
         r.add_route("PUT", "/generate", self.generate)
@@ -117,6 +129,7 @@ class EmbeddedServer:
 
     async def generate(self, request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
+        futures, reqs, submitted = [], [], []
         try:
             body = await _json(request)
             if body.get("stream"):
@@ -127,20 +140,23 @@ class EmbeddedServer:
             rlp = _per_item(body.get("return_logprob", False), n, "return_logprob")
             rid = body.get("rid")
             rids = [f"{rid}_{i}" for i in range(n)] if batched and isinstance(rid, str) else _per_item(rid, n, "rid")
-            futures, reqs = [], []
             for i, prompt in enumerate(prompts):
                 fut = loop.create_future()
                 sampling = RequestSampling.from_sglang(sps[i], default_max_new_tokens=self.engine.config.default_max_new_tokens)
                 if sampling.stop_strings and self.engine.tokenizer is None:
                     raise ValueError("sampling_params.stop (strings) needs a tokenizer; use stop_token_ids")
-                rid = rids[i] if rids[i] is None or isinstance(rids[i], str) else str(rids[i])
-                req = self.engine.new_request(prompt, sampling, return_logprob=bool(rlp[i]), rid=rid,
-                                              on_done=_resolver(loop, fut))
+                explicit = isinstance(sps[i], dict) and sps[i].get("max_new_tokens") is not None
+                self._check_fits(prompt, sampling.max_new_tokens if explicit else None)
+                req = self.engine.new_request(prompt, sampling, return_logprob=_flag(rlp[i], "return_logprob"),
+                                              rid=_rid(rids[i]), on_done=_resolver(loop, fut))
                 futures.append(fut)
                 reqs.append(req)
             for req in reqs:
                 self.engine.submit(req)
+                submitted.append(req)
         except (ValueError, SamplingParamError, EngineStateError) as e:
+            for req in submitted:  # a batch is accepted whole or not at all
+                self.engine.abort(req.rid)
             return _error(str(e))
         try:
             results = await asyncio.gather(*futures)
@@ -149,6 +165,19 @@ class EmbeddedServer:
                 self.engine.abort(req.rid)
             raise
         return web.json_response(results if batched else results[0])
+
+    def _check_fits(self, prompt: list, max_new: int | None) -> None:
+        """SGLang's check: an explicit max_new_tokens must leave prompt + completion inside the context
+        (it answers 400 rather than silently cutting the completion short, or decoding for minutes)."""
+        ctx = self.engine.context_length
+        if len(prompt) >= ctx:
+            raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length "
+                             f"({ctx} tokens).")
+        if max_new is not None and len(prompt) + max_new >= ctx:
+            raise ValueError(f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                             f"You requested a total of {len(prompt) + max_new} tokens: {len(prompt)} tokens from "
+                             f"the input messages and {max_new} tokens for the completion "
+                             f"(sampling_params.max_new_tokens).")
 
     def _prompts(self, body: dict) -> tuple[list[list[int]], bool]:
         ids, text = body.get("input_ids"), body.get("text")
@@ -162,7 +191,12 @@ class EmbeddedServer:
             return [list(ids)], False
         if self.engine.tokenizer is None:
             raise ValueError("text input needs a tokenizer; this engine has none, send input_ids")
-        texts, batched = ([text], False) if isinstance(text, str) else (list(text), True)
+        if isinstance(text, str):
+            texts, batched = [text], False
+        elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            texts, batched = list(text), True
+        else:
+            raise ValueError(f"text must be a string or a non-empty list of strings, got {str(text)[:100]}")
         return [self.engine.tokenizer.encode(t) for t in texts], batched
 
     # ------------------------------------------------------------------ health & info
@@ -229,9 +263,13 @@ class EmbeddedServer:
     async def abort_request(self, request: web.Request) -> web.Response:
         try:
             body = await _json(request)
+            rid = body.get("rid") or ""
+            if not isinstance(rid, str):
+                raise ValueError(f"rid must be a string, got {type(rid).__name__}")
+            abort_all = _flag(body.get("abort_all", False), "abort_all")
         except ValueError as e:
             return _error(str(e))
-        self.engine.abort(str(body.get("rid") or ""), bool(body.get("abort_all", False)))
+        self.engine.abort(rid, abort_all)
         return web.Response(status=200)
 
     async def release_memory(self, request: web.Request) -> web.Response:
@@ -243,8 +281,9 @@ class EmbeddedServer:
     async def _memory(self, request: web.Request, fn) -> web.Response:
         try:
             body = await _json(request)
+            tags = check_tags(body.get("tags"))  # refused before waiting for a weight update to finish
             async with self._lock():
-                await asyncio.get_running_loop().run_in_executor(None, fn, body.get("tags"))
+                await asyncio.get_running_loop().run_in_executor(None, fn, tags)
         except (ValueError, EngineStateError) as e:
             return _error(str(e))
         return web.Response(status=200)
@@ -282,10 +321,11 @@ class EmbeddedServer:
         try:
             body = await _json(request)
             name = str(body.get("group_name") or "weight_update_group")
-            spec = WeightGroupSpec(master_address=str(body["master_address"]), master_port=int(body["master_port"]),
-                                   world_size=int(body["world_size"]), group_name=name,
+            spec = WeightGroupSpec(master_address=str(body["master_address"]),
+                                   master_port=_int_field(body, "master_port"),
+                                   world_size=_int_field(body, "world_size"), group_name=name,
                                    backend=str(body.get("backend") or "nccl"))
-            rank = int(body["rank_offset"])
+            rank = _int_field(body, "rank_offset")
             if name in self._groups:
                 raise ValueError(f"weight update group {name!r} already exists; destroy it first")
             if spec.backend == "nccl" and self.engine.device.type != "cuda":
@@ -435,6 +475,31 @@ def _per_item(value: Any, n: int, field: str) -> list:
 
 def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
+
+
+def _flag(v: Any, field: str) -> bool:
+    """A JSON boolean (0/1 and null accepted): a string such as "false" must not silently mean True."""
+    if v is None or isinstance(v, bool) or v in (0, 1):
+        return bool(v)
+    raise ValueError(f"{field} must be a boolean, got {v!r}")
+
+
+def _rid(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    raise ValueError(f"rid must be a string (or a list of strings for a batch), got {str(v)[:100]}")
+
+
+def _int_field(body: dict, field: str) -> int:
+    v = body[field]  # KeyError: reported as a missing field
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"{field} must be an integer, got {v!r}")
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{field} must be an integer, got {v!r}") from None
 
 
 # ----------------------------------------------------------------------------------------------

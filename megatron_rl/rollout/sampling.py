@@ -18,11 +18,14 @@ seeded request is reproducible whatever else shares its batch (given identical l
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
 
 SAMPLING_EPS = 1e-6
+TOP_K_ALL = 1 << 30             # top_k above the vocabulary means no top-k (SGLang's constant)
+SEED_MIN, SEED_MAX = -(2**63), 2**64  # what torch.Generator.manual_seed accepts
 
 
 class SamplingParamError(ValueError):
@@ -47,24 +50,52 @@ class RequestSampling:
 
     @staticmethod
     def from_sglang(d: dict[str, Any] | None, *, default_max_new_tokens: int = 128) -> "RequestSampling":
-        d = dict(d or {})
+        """SGLang's ``sampling_params`` object -> validated params; a bad value raises SamplingParamError naming it.
 
-        def num(key, default, cast):
-            v = d.get(key, default)
-            if v is None:
-                v = default
-            try:
-                return cast(v)
-            except (TypeError, ValueError):
-                raise SamplingParamError(f"sampling_params.{key}={v!r} is not a number") from None
+        Checked here, at the door, because a value that reaches the batched sampler (a top_k or a seed
+        beyond int64, a NaN) would fail the whole wave of requests, not just the one that sent it.
+        Ranges follow SGLang's ``SamplingParams.verify``; ``null`` means the default, as in SGLang."""
+        if d is None:
+            d = {}
+        if not isinstance(d, dict):
+            raise SamplingParamError(f"sampling_params must be a JSON object, got {type(d).__name__}: "
+                                     f"{str(d)[:100]}")
 
-        temperature = num("temperature", 1.0, float)
-        top_p = num("top_p", 1.0, float)
-        top_k = num("top_k", -1, int)
-        min_p = num("min_p", 0.0, float)
-        max_new = num("max_new_tokens", default_max_new_tokens, int)
-        if not temperature >= 0.0:
-            raise SamplingParamError(f"sampling_params.temperature must be >= 0, got {temperature}")
+        def get(key, default):
+            v = d.get(key)
+            return default if v is None else v
+
+        def real(key, default) -> float:
+            v = get(key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise SamplingParamError(f"sampling_params.{key}={v!r} is not a number")
+            v = float(v)
+            if math.isnan(v):
+                raise SamplingParamError(f"sampling_params.{key} is NaN")
+            return v
+
+        def integer(key, default) -> int:
+            v = get(key, default)
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise SamplingParamError(f"sampling_params.{key}={v!r} is not an integer")
+            return v
+
+        def flag(key) -> bool:
+            v = get(key, False)
+            if not isinstance(v, bool) and v not in (0, 1):
+                raise SamplingParamError(f"sampling_params.{key}={v!r} is not a boolean")
+            return bool(v)
+
+        temperature = real("temperature", 1.0)
+        top_p = real("top_p", 1.0)
+        top_k = integer("top_k", -1)
+        min_p = real("min_p", 0.0)
+        max_new = integer("max_new_tokens", default_max_new_tokens)
+        if not 0.0 <= temperature < math.inf:
+            raise SamplingParamError(f"sampling_params.temperature must be a non-negative finite number, "
+                                     f"got {temperature}")
         if not 0.0 < top_p <= 1.0:
             raise SamplingParamError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
         if top_k == 0 or top_k < -1:
@@ -73,25 +104,22 @@ class RequestSampling:
             raise SamplingParamError(f"sampling_params.min_p must be in [0, 1], got {min_p}")
         if max_new < 0:
             raise SamplingParamError(f"sampling_params.max_new_tokens must be >= 0, got {max_new}")
-        stop_ids = d.get("stop_token_ids") or []
+        stop_ids = get("stop_token_ids", [])
         if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                              for t in stop_ids):
             raise SamplingParamError(f"sampling_params.stop_token_ids must be a list of ints, got {stop_ids!r}")
-        stop = d.get("stop") or []
+        stop = get("stop", [])
         if isinstance(stop, str):
             stop = [stop]
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise SamplingParamError(f"sampling_params.stop must be a string or a list of strings, got {stop!r}")
-        seed = d.get("sampling_seed", d.get("seed"))
-        if seed is not None:
-            try:
-                seed = int(seed)
-            except (TypeError, ValueError):
-                raise SamplingParamError(f"sampling_params.sampling_seed={seed!r} is not an integer") from None
-        return RequestSampling(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_new_tokens=max_new,
-                               stop_token_ids=frozenset(int(t) for t in stop_ids),
-                               stop_strings=tuple(s for s in stop if s), ignore_eos=bool(d.get("ignore_eos", False)),
-                               seed=seed)
+        key = "sampling_seed" if d.get("sampling_seed") is not None else "seed"
+        seed = None if d.get(key) is None else integer(key, None)
+        if seed is not None and not SEED_MIN <= seed < SEED_MAX:
+            raise SamplingParamError(f"sampling_params.{key}={seed} is outside [-2**63, 2**64)")
+        return RequestSampling(temperature=temperature, top_p=top_p, top_k=min(top_k, TOP_K_ALL), min_p=min_p,
+                               max_new_tokens=max_new, stop_token_ids=frozenset(stop_ids),
+                               stop_strings=tuple(s for s in stop if s), ignore_eos=flag("ignore_eos"), seed=seed)
 
 
 def rollout_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,71 @@
+"""Reading an HF model directory for conversion, live sync or training: config.json and the
+safetensors tensors, checked against the bridge before any rank, engine or Ray cluster starts.
+
+One home for these checks: `ckpt_tools` (hf-to-mcore, verify), `check_sync` and the trainer's
+config validation all call them, so bad input gives the same message naming the file or field.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .hf_state import HFCheckpointError, LazyHFState
+from .registry import bridge_names, get_bridge
+
+
+def load_hf_config(hf_dir: str | os.PathLike):
+    """The transformers config of an HF model directory (clear errors naming config.json)."""
+    from transformers import AutoConfig
+
+    path = Path(hf_dir) / "config.json"
+    if not Path(hf_dir).is_dir():
+        raise HFCheckpointError(f"HF checkpoint directory {hf_dir} does not exist")
+    if not path.is_file():
+        raise HFCheckpointError(f"{path}: missing")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise HFCheckpointError(f"{path}: has no 'model_type'")
+    check_model_type(raw["model_type"], path)
+    try:
+        return AutoConfig.from_pretrained(str(hf_dir))
+    except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/OSError
+        raise HFCheckpointError(f"{path}: transformers cannot read it ({type(e).__name__}: {e})") from None
+
+
+def check_model_type(model_type, where) -> None:
+    """Refuse an architecture without a bridge before transformers parses the config: its own error
+    for a type it does not know says nothing about what this tool converts."""
+    if model_type not in bridge_names():
+        raise HFCheckpointError(f"{where}: model_type={model_type!r} is not supported; "
+                                f"supported: {bridge_names()}")
+
+
+def check_hf_input(hf_dir: str, par):
+    """(config, bridge, state) after validating everything a conversion needs from `hf_dir`."""
+    cfg = load_hf_config(hf_dir)
+    bridge = get_bridge(cfg)
+    bridge.validate(par)
+    state = LazyHFState(hf_dir)
+    missing, unexpected = bridge.check_hf_names(list(state.keys()))
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise HFCheckpointError(f"{hf_dir}: tensors missing for this config: {missing[:5]}{more}")
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise HFCheckpointError(f"{hf_dir}: tensors this {bridge.name} config does not use: "
+                                f"{unexpected[:5]}{more}")
+    bad = bridge.check_hf_tensors(state)
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise HFCheckpointError(f"{hf_dir}: tensors that do not fit config.json: " + "; ".join(bad[:5]) + more)
+    for dup, orig in bridge.duplicate_hf_names().items():
+        if dup in state and not torch.equal(state.read(dup), state.read(orig)):
+            raise HFCheckpointError(f"{state.file_of(dup)}: {dup!r} differs from {orig!r}, but config.json "
+                                    f"ties them (tie_word_embeddings=true)")
+    return cfg, bridge, state
