@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from ..rollout.client import EngineError
 from ..rollout.engine import BackgroundLoop, EngineGroupError, EngineManager
 from .buckets import DEFAULT_BUCKET_BYTES, FlatBucket, bucketize
 from .transport import ColocatedSender, DistributedSender
@@ -101,6 +102,7 @@ class _Attempt:
     ok: bool = True
     error: str | None = None
     failed_engines: list[str] = dataclasses.field(default_factory=list)
+    refused: bool = False   # the engines answered that the bucket itself is wrong: retrying cannot help
     num_tensors: int = 0
     num_buckets: int = 0
     bytes: int = 0
@@ -192,6 +194,9 @@ class WeightSync:
                                   seconds=time.perf_counter() - t0, gather_s=state.gather_s,
                                   bucket_s=state.bucket_s, send_s=state.send_s, control_s=state.control_s)
             last_error = state.error
+            if state.refused:
+                raise WeightSyncError(f"weight sync refused by the engine (not retried: the same weights would be "
+                                      f"refused again; the engine keeps serving its previous version): {last_error}")
             log.warning("weight sync attempt %d/%d failed: %s", attempt, self.cfg.max_attempts, state.error)
             if attempt < self.cfg.max_attempts:
                 outcome = self._recover(state) if self.rank == 0 else None
@@ -317,6 +322,7 @@ class WeightSync:
             st.ok = False
             st.error = f"bucket {index} ({len(bucket.metas)} tensors, {bucket.nbytes} bytes): {e}"
             st.failed_engines = _failed_names(e)
+            st.refused = _is_refusal(e)
             if isinstance(self._sender, DistributedSender):
                 self._sender.broken = True
         else:
@@ -336,6 +342,14 @@ class WeightSync:
             return relaunched
         except Exception as e:
             return f"{type(e).__name__}: {e}"
+
+
+def _is_refusal(e: BaseException) -> bool:
+    """Every engine that failed answered with a 4xx client error (names, shapes or dtypes that do not fit
+    its model). Lost connections, timeouts, 5xx and conflicts (408/409/429) stay retryable."""
+    errors = list(e.failures.values()) if isinstance(e, EngineGroupError) else [e]
+    return bool(errors) and all(isinstance(x, EngineError) and x.status is not None and 400 <= x.status < 500
+                                and x.status not in (408, 409, 429) for x in errors)
 
 
 def _failed_names(e: BaseException) -> list[str]:

@@ -204,3 +204,30 @@ def test_hostile_payloads_are_refused(served, tmp_path):
     assert "not a weight-sync file" in str(errs[1])
     assert "base64" in str(errs[2])
     assert all(e.status == 400 for e in errs) and version == "0"
+
+
+def test_a_refused_bucket_is_not_retried_and_the_engine_keeps_its_weights(served):
+    """Names or shapes that do not fit the engine's model are refused (HTTP 400) whatever the attempt:
+    WeightSync gives up after the first export instead of repeating it, and the engine keeps serving its
+    previous weights under its previous version."""
+    from megatron_rl.rollout.engine import EngineManager
+    from megatron_rl.sync.weight_sync import WeightSync, WeightSyncConfig, WeightSyncError
+
+    server, client, model = served
+    before = run(client.get_weight_version())
+    exports = []
+
+    def export(dtype):
+        exports.append(1)
+        for name, t in _hf_tensors(tiny_model(seed=1)):
+            yield name, (t[:-1] if name.endswith("embed_tokens.weight") else t)   # one row short
+
+    sync = WeightSync(export, EngineManager([HttpEngine(server.url)]), WeightSyncConfig(max_attempts=3))
+    try:
+        with pytest.raises(WeightSyncError, match="not retried"):
+            sync.sync()
+    finally:
+        sync.close()
+    assert len(exports) == 1
+    assert run(client.get_weight_version()) == before
+    assert run(client.generate(PROMPT, GREEDY)).token_ids == greedy_reference(model, PROMPT, 8)
