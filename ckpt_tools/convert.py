@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
+from megatron_rl.bridge.hf_dir import check_hf_input, load_hf_config
 from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
 from .hf_io import (DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter, config_dtype, config_from_dict,
-                    copy_assets, dtype_name, load_hf_config, parse_dtype, write_hf_config)
-from megatron_rl.bridge.hf_dir import check_hf_input  # noqa: F401  (re-exported)
+                    copy_assets, dtype_name, parse_dtype, write_hf_config)
 from .ranks import ToolError, limit_threads, run_ranks, staged_output
 
 INPUT_ERRORS = (HFCheckpointError, ConfigMismatchError, BridgeError, CheckpointError, ValueError)

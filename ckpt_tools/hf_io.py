@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 
 from megatron_rl.bridge import HFCheckpointError
-from megatron_rl.bridge.hf_dir import check_model_type, load_hf_config  # noqa: F401  (re-exported)
+from megatron_rl.bridge.hf_dir import check_model_type
 from megatron_rl.checkpoint import HF_ASSET_FILES
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3  # HF's default "5GB"

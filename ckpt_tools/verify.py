@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import get_bridge
+from megatron_rl.bridge.hf_dir import load_hf_config
 from megatron_rl.checkpoint import CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ParallelSizes
 
 from .convert import INPUT_ERRORS
-from .hf_io import config_from_dict, load_hf_config, parse_dtype
+from .hf_io import config_from_dict, parse_dtype
 from .ranks import ToolError, limit_threads, run_ranks
 
 FP32_TOL = 1e-4

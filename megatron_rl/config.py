@@ -333,7 +333,7 @@ def validate(cfg: RLConfig) -> None:
         if not cond:
             problems.append(msg)
 
-    a, c, r, d, t = cfg.actor, cfg.cluster, cfg.rollout, cfg.data, cfg.train
+    a, c, r, d = cfg.actor, cfg.cluster, cfg.rollout, cfg.data
     for key, lo in _AT_LEAST.items():
         v = _get(cfg, key)
         need(v is None or v >= lo, f"{key} must be >= {lo}, got {v}")

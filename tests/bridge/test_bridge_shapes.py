@@ -62,7 +62,7 @@ def _v4_style(**fields):
 
 
 def _config(tmp_path, raw):
-    from ckpt_tools.hf_io import load_hf_config
+    from megatron_rl.bridge.hf_dir import load_hf_config
 
     (tmp_path / "config.json").write_text(json.dumps(raw))
     return load_hf_config(tmp_path)

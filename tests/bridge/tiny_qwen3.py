@@ -46,3 +46,16 @@ def hf_tensors(model) -> dict[str, torch.Tensor]:
 
 def tokens(vocab: int, batch: int = 2, seq: int = 11, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def read_weights(hf_dir) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory (all its safetensors shards)."""
+    import glob
+    import os
+
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
+        out.update(load_file(f))
+    return out

@@ -5,7 +5,6 @@ tensor and no output left behind. One end-to-end run converts a transformers-4 s
 checkpoint of an untuned shape at TP=2, exports it on one rank, and checks the release bitwise,
 its config.json, its assets and its logits under transformers.
 """
-import glob
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ckpt_tools.__main__ import main
-from tests.bridge.tiny_qwen3 import tiny_config, tiny_model, tokens
+from tests.bridge.tiny_qwen3 import read_weights, tiny_config, tiny_model, tokens
 
 # head_dim != hidden/heads, MQA at tp=2, odd ffn, vocab < 128*tp: nothing divides evenly by accident
 SHAPE = dict(hidden=32, heads=4, kv_heads=1, head_dim=16, ffn=98, vocab=100)
@@ -34,13 +33,6 @@ def _v4_config(cfg, dtype):
             "use_sliding_window": False, "sliding_window": None, "rope_scaling": None, "rope_theta": 1000000,
             "tie_word_embeddings": False, "torch_dtype": dtype, "bos_token_id": 1, "eos_token_id": 2,
             "transformers_version": "4.51.0"}
-
-
-def read_weights(d):
-    out = {}
-    for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
-        out.update(load_file(f))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +123,8 @@ def test_a_failure_inside_the_staged_output_leaves_nothing(tmp_path):
 
 
 def test_weights_decide_the_dtype_not_a_disagreeing_config(single_file, capsys):
-    from ckpt_tools.convert import _resolve_dtype, check_hf_input
+    from ckpt_tools.convert import _resolve_dtype
+    from megatron_rl.bridge.hf_dir import check_hf_input
     from megatron_rl.models import ParallelSizes
 
     _edit_config(single_file, lambda c: c.update(dtype="bfloat16"))  # the weights are float32
@@ -142,7 +135,8 @@ def test_weights_decide_the_dtype_not_a_disagreeing_config(single_file, capsys):
 
 
 def test_exported_config_serves_transformers_4_and_5_readers(tmp_path):
-    from ckpt_tools.hf_io import load_hf_config, write_hf_config
+    from ckpt_tools.hf_io import write_hf_config
+    from megatron_rl.bridge.hf_dir import load_hf_config
 
     cfg = tiny_config(tied=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
     cfg._name_or_path = "/somewhere/local"

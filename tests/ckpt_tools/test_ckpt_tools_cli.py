@@ -15,16 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ckpt_tools.__main__ import main
-from tests.bridge.tiny_qwen3 import tiny_config, tiny_model, tokens
+from tests.bridge.tiny_qwen3 import read_weights, tiny_config, tiny_model, tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def read_weights(d):
-    out = {}
-    for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
-        out.update(load_file(f))
-    return out
 
 
 @pytest.fixture(scope="module")
