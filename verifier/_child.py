@@ -11,7 +11,14 @@ then, depending on ``job["mode"]``:
                pickle), time reference and candidate call by call, and save audited timed outputs.
 
 ``load_inline`` calls of the candidate are routed to the parent (``ext_request``), which compiles them in a
-separate ``compile`` child or serves them from the build cache; the child only imports the finished .so.
+separate ``compile`` child or serves them from the build cache; the child only imports the finished .so,
+and counts the calls into it (the cpu backend has no device kernels to show that a kernel ran).
+
+Right before the candidate is imported the run child arms its guards: an identity snapshot of what the
+harness calls (``HarnessGuard``), the global torch state and module-wide hooks (``StateGuard``, which
+also restores them before every timed batch, so a candidate cannot slow the reference down through them),
+torch's op namespaces, and the CPU time of other threads. Findings travel as ``violations`` in every
+reply; like the rest of the child's reports they can only make the parent's verdict stricter.
 """
 from __future__ import annotations
 
@@ -58,8 +65,16 @@ class Channel:
 
 
 def _describe(exc: BaseException) -> dict:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"type": type(exc).__name__, "message": str(exc)[-_ERR_TAIL:], "traceback": tb[-_ERR_TAIL:]}
+    """The exception as text; a candidate's exception whose __str__ raises is still described."""
+    name = type(exc).__name__ if isinstance(type(exc).__name__, str) else "exception"
+    try:
+        message = str(exc)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException:   # noqa: B036 - a hostile __str__/__repr__ may raise anything
+        message, tb = f"{name} (its message could not be formatted)", ""
+    if not isinstance(message, str):
+        message = name
+    return {"type": name, "message": message[-_ERR_TAIL:], "traceback": tb[-_ERR_TAIL:]}
 
 
 def _load_module(name: str, path: str):
@@ -87,6 +102,16 @@ def _jsonable(value, path="kwargs") -> None:
     raise TypeError(f"load_inline argument {path} must be strings/lists/dicts, got {type(value).__name__}")
 
 
+def _counting(fn, client: "ExtensionClient"):
+    """``fn`` (a function of a candidate extension) that counts its calls."""
+    def call(*args, **kwargs):
+        client.native_calls += 1
+        return fn(*args, **kwargs)
+    call.__name__ = getattr(fn, "__name__", "native")
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call
+
+
 class ExtensionClient:
     """Replaces the backend's load_inline functions so builds go through the parent's build service."""
 
@@ -94,6 +119,8 @@ class ExtensionClient:
         self.chan = chan
         self.backend = backend
         self.built: list[str] = []
+        self.native_calls = 0                 # calls into the functions of the candidate's extensions
+        self.module_names: set[str] = set()   # their module names (pybind methods report them too)
 
     def install(self) -> None:
         import inspect
@@ -127,8 +154,7 @@ class ExtensionClient:
         load_inline.__name__ = "load_inline"
         return load_inline
 
-    @staticmethod
-    def _import(path: str, module_name: str, is_python_module: bool):
+    def _import(self, path: str, module_name: str, is_python_module: bool):
         if not is_python_module:
             import torch
             torch.ops.load_library(path)
@@ -137,6 +163,11 @@ class ExtensionClient:
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        if module_name not in sys.modules and importlib.util.find_spec(module_name) is None:
+            self.module_names.add(module_name)   # an extension named like a module (torch) would count its calls
+        for attr, fn in list(vars(module).items()):
+            if not attr.startswith("_") and type(fn).__name__ == "builtin_function_or_method":
+                setattr(module, attr, _counting(fn, self))
         return module
 
 
@@ -181,6 +212,104 @@ def run_build(job: dict, chan: Channel) -> None:
     chan.send({"op": "imported", "extensions": client.built, "has_model_new": hasattr(module, "ModelNew")})
 
 
+_MISSING = object()
+
+
+class HarnessGuard:
+    """Identity snapshot, taken before the candidate is imported, of the module functions and class attributes
+    the harness and the reference rely on (the profiler, the timer, output saving, nn.Module and its layers,
+    the task module). ``changed()`` names what was replaced, added to a class, or removed since."""
+
+    def __init__(self, modules, classes):
+        import types
+        self._types = types
+        self.modules = [(getattr(m, "__name__", "?"), m, dict(vars(m))) for m in modules if m is not None]
+        self.classes = [(f"{c.__module__}.{c.__qualname__}", c, dict(vars(c))) for c in classes]
+
+    def changed(self, callable=callable, isinstance=isinstance, vars=vars, sorted=sorted, set=set) -> list[str]:
+        # builtins bound when the harness was imported: patching them later cannot blind the check
+        types = self._types
+        out = []
+        for name, mod, snap in self.modules:
+            now = vars(mod)
+            for k, v in snap.items():
+                if (callable(v) or isinstance(v, types.ModuleType)) and now.get(k, _MISSING) is not v:
+                    out.append(f"{name}.{k}")
+        for name, cls, snap in self.classes:
+            now = vars(cls)
+            out += [f"{name}.{k}" for k in now.keys() ^ snap.keys()]
+            out += [f"{name}.{k}" for k, v in snap.items() if k in now and now[k] is not v]
+        return sorted(set(out))
+
+
+class StateGuard:
+    """Global torch/interpreter state and module-wide hooks as they were before the candidate was imported.
+    ``check_and_restore()`` names what differs and puts it back (the reference is timed in this process)."""
+
+    _HOOKS = ("_global_buffer_registration_hooks", "_global_module_registration_hooks",
+              "_global_parameter_registration_hooks", "_global_backward_pre_hooks", "_global_backward_hooks",
+              "_global_is_full_backward_hook", "_global_forward_pre_hooks", "_global_forward_hooks",
+              "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+
+    def __init__(self, torch):
+        from torch.nn.modules import module as nn_module
+        self.torch, self.nn_module = torch, nn_module
+        self.expected = self._read()
+
+    def _read(self) -> dict:
+        torch, b = self.torch, self.torch.backends
+        hooks = tuple(len(getattr(self.nn_module, h, None) or ()) for h in self._HOOKS)
+        return {"grad_enabled": torch.is_grad_enabled(), "anomaly_mode": torch.is_anomaly_enabled(),
+                "inference_mode": torch.is_inference_mode_enabled(), "num_threads": torch.get_num_threads(),
+                "default_dtype": torch.get_default_dtype(), "default_device": str(torch.get_default_device()),
+                "deterministic": torch.are_deterministic_algorithms_enabled(),
+                "matmul_precision": torch.get_float32_matmul_precision(),
+                "function_modes": torch._C._len_torch_function_stack(),
+                "dispatch_modes": torch._C._len_torch_dispatch_stack(),
+                "backends": (b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic,
+                             b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32),
+                "module_hooks": hooks, "profile_function": sys.getprofile(), "trace_function": sys.gettrace()}
+
+    def check_and_restore(self) -> list[str]:
+        now = self._read()
+        diff = [k for k, v in self.expected.items() if now[k] is not v and now[k] != v]
+        for key in diff:
+            self._restore(key)
+        return diff
+
+    def _restore(self, key: str) -> None:
+        torch, e, b = self.torch, self.expected[key], self.torch.backends
+        if key == "module_hooks":
+            for h in self._HOOKS:
+                hooks = getattr(self.nn_module, h, None)
+                if hasattr(hooks, "clear"):
+                    hooks.clear()
+        elif key == "profile_function":
+            sys.setprofile(e)
+        elif key == "trace_function":
+            sys.settrace(e)
+        elif key == "function_modes":
+            while torch._C._len_torch_function_stack() > e:
+                torch._C._pop_torch_function_stack()
+        elif key == "dispatch_modes":
+            while torch._C._len_torch_dispatch_stack() > e:
+                torch._C._pop_torch_dispatch_stack()
+        elif key == "backends":
+            (b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic, b.cudnn.allow_tf32,
+             b.cuda.matmul.allow_tf32) = e
+        else:
+            setter = {"grad_enabled": torch.set_grad_enabled, "anomaly_mode": torch.autograd.set_detect_anomaly,
+                      "num_threads": torch.set_num_threads, "default_dtype": torch.set_default_dtype,
+                      "default_device": torch.set_default_device, "deterministic": torch.use_deterministic_algorithms,
+                      "matmul_precision": torch.set_float32_matmul_precision}.get(key)
+            if setter is not None:   # inference mode cannot be left from outside its context: reported only
+                setter(e)
+
+
+def _op_namespaces(torch) -> set[str]:
+    return {name.split("::")[0] for name in torch._C._dispatch_get_all_op_names()}
+
+
 class DeviceSession:
     """State of the run mode: models, prepared timing inputs, the last timed candidate output."""
 
@@ -213,6 +342,97 @@ class DeviceSession:
         self.last_cand: list = []
         self.flusher = None
         self.counter = 0
+        self._tb = torch._C.TensorBase          # C methods: a candidate cannot replace them (torch.Tensor's it can)
+        self._equal = torch.equal
+        self.harness = self.state = None        # armed right before the candidate is imported
+        self.findings: list[dict] = []          # integrity findings so far (every reply carries them)
+        self.own_namespaces: set[str] = set()   # op namespaces the candidate's extensions registered
+        self._ns_before: set[str] = set()
+        self._bg_base = 0.0
+        self._threads_base = 0
+
+    # -- guards ---------------------------------------------------------------------------------
+    def arm(self) -> None:
+        """Snapshots taken after the task is loaded and before any candidate code runs."""
+        import json as json_module
+        import time
+
+        import safetensors
+        import safetensors.torch
+        import torch.autograd.profiler as autograd_profiler
+        import torch.autograd.profiler_util as profiler_util
+        import torch.nn.functional
+        from torch.nn.modules import module as nn_module
+
+        from verifier import correctness, devices, fallback, inputs, timing
+        torch = self.torch
+        modules = [sys.modules.get("__main__"), sys.modules.get("verifier"), correctness, devices, fallback, inputs,
+                   timing, safetensors, safetensors.torch, json_module, time, os, torch, torch.autograd,
+                   autograd_profiler, profiler_util, sys.modules.get("torch.profiler"),
+                   sys.modules.get("torch.profiler.profiler"), nn_module, torch.nn.functional,
+                   sys.modules.get("builtins"), self.task]
+        layers = [c for c in vars(torch.nn).values() if isinstance(c, type) and issubclass(c, torch.nn.Module)]
+        classes = [torch.Tensor, torch.nn.Parameter, autograd_profiler.profile, autograd_profiler.record_function,
+                   profiler_util.EventList, profiler_util.FunctionEvent, timing.CapturedTimer, timing.CacheFlusher,
+                   DeviceSession, ExtensionClient, Channel, HarnessGuard, StateGuard] + layers + [
+                   c for c in vars(self.task).values() if isinstance(c, type) and c.__module__ == self.task.__name__]
+        self._guarded = (modules, classes)
+        self.harness = HarnessGuard(modules, classes)
+        self.state = StateGuard(torch)
+        self._harness_changed, self._state_check = self.harness.changed, self.state.check_and_restore
+        self._ns_before = _op_namespaces(torch)
+        self._bg_base = self._bg_cpu_ms()
+        self._threads_base = self._threads()
+
+    def _rearm(self, bg_before: float) -> None:
+        """After torch.compile imported dynamo (it wraps torch functions) or compiled (threads, global state):
+        what changed since ``bg_before`` is the harness's doing, never the candidate's (it was checked first)."""
+        self._bg_base += self._bg_cpu_ms() - bg_before
+        self._threads_base = self._threads()
+        self.state.expected = self.state._read()
+        self.harness = HarnessGuard(*self._guarded)
+        self._harness_changed = self.harness.changed
+
+    def after_import(self) -> None:
+        self.own_namespaces = _op_namespaces(self.torch) - self._ns_before
+
+    @staticmethod
+    def _threads() -> int:
+        try:
+            return len(os.listdir("/proc/self/task"))
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _bg_cpu_ms() -> float:
+        """CPU time of every thread but this one (all harness work runs on the main thread)."""
+        import time
+        return (time.process_time() - time.thread_time()) * 1e3
+
+    def integrity(self) -> list[dict]:
+        """Record what the candidate replaced or changed (restoring global state); all findings so far. The
+        checks run as the functions captured when the guards were armed (the classes may be patched since)."""
+        patched = self._harness_changed() if self.harness else []
+        if patched:
+            self._finding("harness_patch", "replaced " + ", ".join(patched[:6]))
+        changed = self._state_check() if self.state else []
+        if changed:
+            self._finding("global_state", "changed " + ", ".join(changed[:6]))
+        return self.findings
+
+    def _finding(self, rule: str, message: str) -> None:
+        if not any(f["rule"] == rule for f in self.findings):
+            self.findings.append({"rule": rule, "message": message})
+
+    def _common(self) -> dict:
+        """Fields every reply after the candidate loaded carries. Other threads are accounted only where the
+        harness itself runs on one thread (cpu with one intra-op thread: no pool threads that start lazily or
+        spin between parallel regions)."""
+        reply = {"violations": self.integrity()}
+        if self.backend.name == "cpu" and int(self.job.get("cpu_threads", 1)) == 1:
+            reply.update(background_cpu_ms=round(self._bg_cpu_ms() - self._bg_base, 3),
+                         threads_started=self._threads() - self._threads_base)
+        return reply
 
     def _warm_profiler(self) -> None:
         """Pay the profiler's one-time start-up (CUPTI/kineto initialisation: about a second on a GPU) before
@@ -234,23 +454,22 @@ class DeviceSession:
         torch = self.torch
         leaves, spec = flatten_outputs(out)
         tensors, values, types = {}, {}, []
+        tb = self._tb
         for i, leaf in enumerate(leaves):
             types.append(type(leaf).__name__)
-            if isinstance(leaf, torch.Tensor):
-                t = leaf.detach()
-                tensors[f"out{i}"] = torch.Tensor.to(t, "cpu", copy=True).contiguous()
-            elif leaf is None or isinstance(leaf, (bool, int, float)):
+            if issubclass(type(leaf), tb):
+                tensors[f"out{i}"] = tb.contiguous(tb.to(tb.detach(leaf), "cpu", copy=True))
+            elif leaf is None or type(leaf) in (bool, int, float):
                 values[str(i)] = leaf
             else:
-                values[str(i)] = repr(leaf)[:200]
+                values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
         self.counter += 1
         path = os.path.join(self.out_dir, f"out{self.counter}.safetensors")
         save_file(tensors, path)
         return {"file": path, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves)}
 
-    @staticmethod
-    def _storage_range(t):
-        s = t.untyped_storage()
+    def _storage_range(self, t):
+        s = self._tb.untyped_storage(t)
         return s.data_ptr(), s.data_ptr() + s.nbytes()
 
     def _bytesum(self, x, chunk: int = 64 << 20):
@@ -283,7 +502,7 @@ class DeviceSession:
             if p is None:
                 continue
             if isinstance(p, torch.Tensor):
-                if not torch.equal(x.detach(), p):
+                if not self._equal(x.detach(), p):
                     return False
             elif self._bytesum(x) != p:
                 return False
@@ -293,7 +512,7 @@ class DeviceSession:
         torch = self.torch
         ranges = [self._storage_range(x) for x in inputs if isinstance(x, torch.Tensor) and x.numel()]
         for o in outputs:
-            if isinstance(o, torch.Tensor) and o.numel():
+            if type(o) is torch.Tensor and o.numel():
                 lo, hi = self._storage_range(o)
                 if any(lo < b_hi and b_lo < hi for b_lo, b_hi in ranges):
                     return True
@@ -315,23 +534,39 @@ class DeviceSession:
         from verifier import fallback, inputs
         from verifier.correctness import flatten_outputs
         torch = self.torch
+        self.integrity()
         args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
         prints = self._fingerprints(args)
+        calls_before = self.client.native_calls
+        own, hits = self.client.module_names, [0]
+
+        def count_native(frame, event, fn):   # pybind methods of the candidate's classes, too
+            if event == "c_call" and own and (getattr(fn, "__module__", None) in own
+                                              or type(getattr(fn, "__self__", None)).__module__ in own):
+                hits[0] += 1
+
         with self.backend.profiler() as prof:
-            out = self.new_model(*args)
+            sys.setprofile(count_native)
+            try:
+                out = self.new_model(*args)
+            finally:
+                sys.setprofile(None)
             self.timer.synchronize()
         events = prof.function_events
+        ops, custom = fallback.outermost_ops(events, _op_namespaces(torch) - self.own_namespaces)
         leaves, _ = flatten_outputs(out)
+        tensors = [x for x in leaves if issubclass(type(x), self._tb)]
         reply = {"op": "trial_done",
-                 "subclass_outputs": [type(x).__name__ for x in leaves
-                                      if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor],
-                 "devices": [x.device.type for x in leaves if isinstance(x, torch.Tensor)],
+                 "subclass_outputs": [type(x).__name__ for x in tensors if type(x) is not torch.Tensor],
+                 "devices": [self._tb.device.__get__(x).type for x in tensors],
                  "aliases_input": self._aliases(leaves, args),
                  "inputs_modified": not self._unchanged(args, prints),
-                 "aten_ops": dict(fallback.outermost_aten_ops(events)),
+                 "aten_ops": dict(ops),
+                 "native_calls": self.client.native_calls - calls_before + hits[0] + sum(custom.values()),
                  "device_kernels": dict(fallback.device_kernel_names(events, self.backend.device_event_types())),
                  "timer_patched": self.timer.patched(self.backend)}
         reply.update(self._save(out))
+        reply.update(self._common())
         return reply
 
     def warmup(self, msg):
@@ -342,10 +577,16 @@ class DeviceSession:
             nbytes = timing.flush_bytes(self.backend, _Cfg(self.job), 0)
             self.flusher = timing.CacheFlusher(self.device, nbytes)
         if msg.get("compile_ref") and self.compiled_ref is None:
+            self.integrity()
+            bg = self._bg_cpu_ms()
             self.compiled_ref = self.torch.compile(self.ref_model)
+            self._rearm(bg)
         est_ms, output_bytes, input_bytes = {}, {}, 0
         for runner in msg["runners"]:
             model = self._model(runner)
+            self.integrity()
+            if runner == "ref_compile":   # compiling may legitimately touch global state and start threads
+                bg = self._bg_cpu_ms()
             times = []
             for _ in range(max(int(msg["n"]), 1)):
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
@@ -355,14 +596,16 @@ class DeviceSession:
                 output_bytes[runner] = self._nbytes(out)
                 del out
             est_ms[runner] = min(times)
+            if runner == "ref_compile":
+                self._rearm(bg)
         flush_ms = min(self.timer.time_call(self.flusher.flush)[1] for _ in range(3))
         return {"op": "warmed", "flush_bytes": self.flusher.nbytes, "est_ms": est_ms, "input_bytes": input_bytes,
-                "output_bytes": output_bytes, "flush_ms": flush_ms}
+                "output_bytes": output_bytes, "flush_ms": flush_ms, **self._common()}
 
     def _nbytes(self, value) -> int:
         from verifier.correctness import flatten_outputs
         leaves, _ = flatten_outputs(value)
-        return sum(x.nbytes for x in leaves if isinstance(x, self.torch.Tensor))
+        return sum(self._tb.nbytes.__get__(x) for x in leaves if issubclass(type(x), self._tb))
 
     def _model(self, runner):
         return {"ref": self.ref_model, "cand": self.new_model, "ref_compile": self.compiled_ref}[runner]
@@ -387,6 +630,7 @@ class DeviceSession:
         runner = msg["runner"]
         model = self._model(runner)
         calls = [(lambda a=a: model(*a)) for a in self.args[runner]]
+        self.integrity()   # restores global state the candidate changed: the reference runs as it should
         gc.disable()
         try:
             batch = self.timer.time_batch(calls, self.flusher.flush)
@@ -394,11 +638,12 @@ class DeviceSession:
             gc.enable()
         from verifier.correctness import flatten_outputs
         plain, shared, seen = True, False, set()
+        tb = self._tb
         for out in batch.outputs:
             leaves, _ = flatten_outputs(out)
-            tensors = [x for x in leaves if isinstance(x, self.torch.Tensor)]
+            tensors = [x for x in leaves if issubclass(type(x), tb)]
             plain &= all(type(x) is self.torch.Tensor for x in tensors)
-            ptrs = {x.untyped_storage().data_ptr() for x in tensors if x.numel()}
+            ptrs = {tb.untyped_storage(x).data_ptr() for x in tensors if plain and x.numel()}
             shared |= not seen.isdisjoint(ptrs)
             seen |= ptrs
         # every output of the trial stays alive until the next one: a call must never be handed a block that
@@ -407,7 +652,7 @@ class DeviceSession:
         if runner == "cand":
             self.last_cand = batch.outputs
         return {"op": "called", "span_ms": batch.span_ms, "rep_ms": batch.rep_ms, "flush_ms": batch.flush_ms,
-                "plain_tensors": plain, "outputs_shared": shared}
+                "plain_tensors": plain, "outputs_shared": shared, **self._common()}
 
     def audit(self, msg):
         if not self.last_cand:
@@ -415,6 +660,7 @@ class DeviceSession:
                                                                  "message": "no timed output to audit"}}
         reply = self._save(self.last_cand[int(msg.get("rep", 0)) % len(self.last_cand)])
         reply["op"] = "audited"
+        reply.update(self._common())
         return reply
 
 
@@ -452,19 +698,25 @@ def run_device(job: dict, chan: Channel) -> None:
     except BaseException as e:  # the parent's own task file: a harness problem, not the candidate's
         chan.send({"op": "task_error", "error": _describe(e)})
         return
-    chan.send({"op": "task_loaded"})
     from verifier.static_checks import CANDIDATE_MODULE_NAME
+    try:
+        session.arm()
+    except BaseException as e:  # still no candidate code: the harness's problem
+        chan.send({"op": "task_error", "error": _describe(e)})
+        return
+    chan.send({"op": "task_loaded"})
     try:
         module = _load_module(CANDIDATE_MODULE_NAME, job["candidate_path"])
         if not hasattr(module, "ModelNew"):
             raise AttributeError("the candidate module defines no ModelNew")
+        session.after_import()
     except ExtensionBuildFailed as e:
         chan.send({"op": "error", "phase": "compile", "log": str(e)})
         return
     except BaseException as e:
         chan.send({"op": "error", "phase": "import", "error": _describe(e)})
         return
-    chan.send({"op": "loaded", "timer_patched": session.timer.patched(session.backend)})
+    chan.send({"op": "loaded", "timer_patched": session.timer.patched(session.backend), **session._common()})
     handlers = {"construct": session.construct, "trial": session.trial, "warmup": session.warmup,
                 "prepare": session.prepare, "call": session.call, "audit": session.audit}
     while True:

@@ -1,8 +1,9 @@
 """``python -m verifier check|eval``: the verifier's command-line contract (ARCHITECTURE.md).
 
-Exit codes: 0 whenever a verdict was produced (whatever it is; for ``eval``, when every sample has
-its row); 2 for usage errors (missing or malformed task/candidate/samples files, unknown task ids);
-3 when no verdict could be made (``check`` ended in ``infra``); 130 when interrupted.
+Exit codes: 0 whenever a verdict was produced and printed, whatever it is, ``infra`` included (the JSON
+says what went wrong; for ``eval``, when every sample has its row); 2 for usage errors (missing or
+malformed task/candidate/samples files, unknown task ids); 3 when no verdict could be made (``eval``:
+the farm did not start, or rows are missing); 130 when interrupted.
 """
 from __future__ import annotations
 
@@ -147,7 +148,6 @@ def _print_human(result: Any, task: Any, out: Any = sys.stdout) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .size_profiles import apply_size_profile
-    from .types import Category
 
     task = _with_level(_load_one_task(args.task))
     if not os.path.exists(args.candidate):
@@ -169,7 +169,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), default=str))
     else:
         _print_human(result, task)
-    return EXIT_NO_VERDICT if result.category == Category.INFRA else EXIT_OK
+    return EXIT_OK
 
 
 def _load_tasks(specs: Sequence[str]) -> list[Any]:

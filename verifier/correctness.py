@@ -52,27 +52,70 @@ class Comparison:
         return d
 
 
-def flatten_outputs(out: Any) -> tuple[list[Any], Any]:
-    """Flatten nested tuples/lists/dicts into a list of leaves plus a JSON-able structure spec."""
-    if isinstance(out, (list, tuple)):
+MAX_OUTPUT_DEPTH = 32   # nesting of output containers (deeper is no kernel's output, and JSON/recursion limits)
+_KEY_TYPES = (str, int, float, bool, type(None))
+
+
+def flatten_outputs(out: Any, _depth: int = 0) -> tuple[list[Any], Any]:
+    """Flatten nested tuples/lists/dicts into a list of leaves plus a JSON-able structure spec.
+
+    Containers are walked with the base types' own iteration (``tuple.__iter__``, ``dict.keys``), so a
+    subclass returned by a candidate cannot run code here (a lazy ``__iter__`` would compute outside the
+    profiled and timed call). Dict keys must be plain scalars."""
+    if _depth > MAX_OUTPUT_DEPTH:
+        raise ValueError(f"outputs are nested more than {MAX_OUTPUT_DEPTH} levels deep")
+    kind = type(out)
+    if issubclass(kind, (list, tuple)):
+        items = list.__iter__(out) if issubclass(kind, list) else tuple.__iter__(out)
         leaves, spec = [], []
-        for o in out:
-            sub_leaves, sub_spec = flatten_outputs(o)
+        for o in items:
+            sub_leaves, sub_spec = flatten_outputs(o, _depth + 1)
             leaves += sub_leaves
             spec.append(sub_spec)
-        return leaves, {"seq": type(out).__name__, "items": spec}
-    if isinstance(out, dict):
+        return leaves, {"seq": "list" if issubclass(kind, list) else "tuple", "items": spec}
+    if issubclass(kind, dict):
+        keys = list(dict.keys(out))
+        if not all(type(k) in _KEY_TYPES for k in keys):
+            raise TypeError("output dict keys must be str, int, float, bool or None")
         leaves, spec = [], {}
-        for k in sorted(out, key=str):
-            sub_leaves, sub_spec = flatten_outputs(out[k])
+        for k in sorted(keys, key=str):
+            sub_leaves, sub_spec = flatten_outputs(dict.__getitem__(out, k), _depth + 1)
             leaves += sub_leaves
             spec[str(k)] = sub_spec
         return leaves, {"dict": spec}
     return [out], "leaf"
 
 
+def spec_depth(spec: Any, limit: int = MAX_OUTPUT_DEPTH + 2) -> int:
+    """Nesting depth of a structure spec, counted without recursion (a spec from the child is untrusted)."""
+    depth, stack = 0, [(spec, 0)]
+    while stack:
+        node, d = stack.pop()
+        depth = max(depth, d)
+        if d > limit:
+            return d
+        if isinstance(node, dict):
+            children = node.get("items") if "items" in node else node.get("dict")
+            if isinstance(children, list):
+                stack += [(c, d + 1) for c in children]
+            elif isinstance(children, dict):
+                stack += [(c, d + 1) for c in children.values()]
+    return depth
+
+
+def spec_summary(spec: Any, limit: int = 200) -> str:
+    """A bounded description of a structure spec (for feedback; the child's spec is untrusted)."""
+    depth = spec_depth(spec)
+    if depth > MAX_OUTPUT_DEPTH:
+        return f"<nested {depth}+ levels deep>"
+    text = str(spec)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def same_structure(a: Any, b: Any) -> bool:
     """Structure specs equal, treating list and tuple alike (a kernel may return either)."""
+    if spec_depth(a) > MAX_OUTPUT_DEPTH + 1:
+        return False
     if not isinstance(a, dict) or not isinstance(b, dict):
         return a == b == "leaf"
     ai, bi = a.get("items"), b.get("items")

@@ -14,7 +14,10 @@ Trust map of the checks:
   audits of randomly chosen *timed* outputs (a candidate that behaves differently while timed fails);
 - child-reported (advisory; can only make the verdict stricter): forbidden aten ops and own device
   kernels seen by the profiler, tensor-subclass outputs, outputs aliasing inputs, inputs modified in place
-  (compared against what the reference does), timer objects replaced after capture.
+  (compared against what the reference does), timer objects replaced after capture, harness functions
+  replaced, global state changed, other threads' CPU time, calls into the candidate's extension
+  (``fallback.runtime_violations``). Randomly chosen timing trials also run one hidden correctness trial
+  (profiled, checked like the others): a candidate that switches to PyTorch once its trials are over fails.
 """
 from __future__ import annotations
 
@@ -32,10 +35,10 @@ from typing import Any
 from . import feedback
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
-from .correctness import compare_outputs, flatten_outputs, same_structure
+from .correctness import compare_outputs, flatten_outputs, same_structure, spec_summary
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
-from .fallback import candidate_kernels, forbidden_ops
+from .fallback import RUNTIME_RULES, candidate_kernels, forbidden_ops, runtime_violations
 from .result_cache import config_fingerprint
 from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
 from .static_checks import check_candidate, musa_portability_notes
@@ -100,6 +103,18 @@ def build_failure_result(task: Task, cfg: VerifierConfig, build: BuildResult, co
                    code_hash=build.code_hash, code=code)
 
 
+def memory_problem(module, cfg: VerifierConfig, backend, index: int, details: dict[str, Any]) -> str | None:
+    """Why this task's data cannot fit ``backend`` (sized on meta tensors, nothing allocated), or None."""
+    from . import inputs
+    fp = inputs.estimate_footprint(module, cfg.precision)
+    if fp is not None:
+        details["footprint"] = fp.to_dict()
+    gpu = backend.is_gpu
+    return inputs.memory_problem(fp, is_gpu=gpu, backend_name=cfg.backend, host_free=inputs.host_available_bytes(),
+                                 child_limit=None if gpu else cfg.memory_limit_bytes,
+                                 device_free=inputs.device_free_bytes(cfg.backend, index) if gpu else None)
+
+
 def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index: int | None = None) -> VerifyResult:
     """Always returns a verdict; harness bugs and unavailable devices are ``infra`` with details."""
     t0 = time.monotonic()
@@ -107,6 +122,15 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
         code = precheck(task, response, cfg)
         if isinstance(code, VerifyResult):
             return code
+        if cfg.backend == "cpu":   # a task that cannot run on this host fails before anything is compiled
+            details: dict[str, Any] = {}
+            try:
+                too_big = memory_problem(load_task_module(task), cfg, get_backend("cpu"), 0, details)
+            except Exception as e:
+                too_big = f"failed to load: {type(e).__name__}: {e}"
+            if too_big:
+                return _finish(task, cfg, Category.INFRA, feedback.infra(f"task {task.task_id}: {too_big}"),
+                               details=details, code=code)
         build = build_candidate(task, code, cfg)
         if not build.ok:
             return build_failure_result(task, cfg, build, code)
@@ -122,7 +146,9 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
 
 _TRIAL_FIELDS = {"file": str, "spec": (str, dict), "n_outputs": int, "values": dict, "types": list,
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
-                 "aten_ops": dict, "device_kernels": dict, "timer_patched": list}
+                 "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
+                 "violations": list, "background_cpu_ms": (int, float), "threads_started": int}
+_INTEGRITY_FIELDS = {"violations": list, "background_cpu_ms": (int, float), "threads_started": int}
 
 
 def _number(value: Any, default: float = math.nan) -> float:
@@ -165,6 +191,8 @@ class _Conversation:
         self.child, self.service = child, service
         self.deadline = time.monotonic() + timeout_s
         self.pending = list(pending or [])   # start-up messages a warm spare sent before it was taken
+        self.replied_at: float | None = None  # when the last answer to ``ask`` arrived
+        self.parent_s = 0.0                   # the parent's own work between requests (see ``ask``)
 
     def expect(self) -> dict[str, Any]:
         while True:
@@ -178,8 +206,23 @@ class _Conversation:
             return msg
 
     def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send a request and wait for its answer. What the parent did since the previous answer (reference
+        runs, reading and comparing outputs: minutes for KernelBench-sized tasks on a CPU) extends the
+        deadline: it is not the candidate's time."""
+        if self.replied_at is not None:
+            spent = max(0.0, time.monotonic() - self.replied_at)
+            self.deadline += spent
+            self.parent_s += spent
         self.child.send(msg)
-        return self.expect()
+        reply = self.expect()
+        self.replied_at = time.monotonic()
+        return reply
+
+    def pause(self, seconds: float) -> None:
+        """Time that is neither the candidate's nor the parent's work on it (waiting for a warm spare)."""
+        self.deadline += seconds
+        if self.replied_at is not None:
+            self.replied_at += seconds
 
 
 class _DeviceStage:
@@ -245,7 +288,7 @@ class _DeviceStage:
             # (outputs of KernelBench-sized tasks are several GB).
             try:
                 with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
-                    tensors = {k: f.get_tensor(k) for k in f.keys()}
+                    tensors = {k: self._read_tensor(f, k, ref_leaves) for k in f.keys()}
             except _Verdict:
                 raise
             except MemoryError:
@@ -262,10 +305,26 @@ class _DeviceStage:
         leaves = []
         for i in range(n):
             if f"out{i}" in tensors:
-                leaves.append(tensors[f"out{i}"].to(self.device))
+                t = tensors[f"out{i}"]
+                leaves.append(t if t.is_meta else t.to(self.device))   # meta: a header that already differs
             else:
                 leaves.append(values.get(str(i)))
         return leaves
+
+    @staticmethod
+    def _read_tensor(f, key: str, ref_leaves: list):
+        """One output tensor; one whose header (shape, dtype) already differs from the reference leaf at its
+        position becomes an empty meta tensor of that shape and dtype (the comparison reports the difference),
+        so this process never materialises more than the reference's own outputs take."""
+        import torch
+        from safetensors.torch import _getdtype
+        sl = f.get_slice(key)
+        shape, dtype = list(sl.get_shape()), _getdtype(sl.get_dtype())
+        index = int(key[3:]) if key.startswith("out") and key[3:].isdigit() else -1
+        ref = ref_leaves[index] if 0 <= index < len(ref_leaves) else None
+        if not isinstance(ref, torch.Tensor) or list(ref.shape) != shape or ref.dtype != dtype:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return f.get_tensor(key)
 
     @functools.cached_property
     def _spare_key(self) -> tuple:
@@ -347,9 +406,16 @@ class _DeviceStage:
         now = time.monotonic()
         self.details.setdefault("phase_seconds", {})[phase] = round(now - self._last_lap, 3)
         self._last_lap = now
+        if self.conv is not None:   # of which the parent's own work (not on the candidate's clock)
+            self.details["parent_seconds"] = round(self.conv.parent_s, 3)
 
     def _ask(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
         reply = self.conv.ask(msg)
+        if self.conv.parent_s > self.cfg.run_timeout_s:   # the task is too slow to check here, whatever the code
+            raise _Verdict(Category.INFRA, feedback.infra(
+                f"task {self.task.task_id}: the verifier's own work (reference runs, reading and comparing outputs) "
+                f"took {self.conv.parent_s:.0f} s, more than run_timeout_s={self.cfg.run_timeout_s:g} on the "
+                f"{self.cfg.backend} backend; verify it at smaller shapes or on a faster backend"))
         if reply.get("op") == "error":
             raise self._fail_from_error(reply)
         if reply.get("op") != expect:
@@ -370,13 +436,17 @@ class _DeviceStage:
         except Exception as e:
             return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id} failed to load:"
                                                                           f" {type(e).__name__}: {e}"))
+        too_big = memory_problem(self.module, self.cfg, self.backend, self.index, self.details)
+        if too_big:   # the farm cannot run this task here: no child is started, nothing is allocated
+            return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}"),
+                           details=dict(self.details))
         self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
         q = 0.0
         self._last_lap = time.monotonic()
         try:
             self._start()
             self._lap("start")
-            loaded = _checked(self.conv.expect(), {"timer_patched": list})
+            loaded = _checked(self.conv.expect(), {"timer_patched": list, **_INTEGRITY_FIELDS})
             self._lap("import")
             if loaded.get("op") == "error":
                 raise self._fail_from_error(loaded)
@@ -386,8 +456,10 @@ class _DeviceStage:
             if loaded.get("timer_patched"):
                 raise _Verdict(Category.CHEATING, feedback.cheating(
                     "timer_patch", f"timing functions were replaced: {loaded['timer_patched']}"), rule="timer_patch")
+            self._raise_runtime_violations(loaded)
             init_seed = secrets.randbits(63)
-            constructed = self._ask({"op": "construct", "seed": init_seed}, "constructed")
+            constructed = _checked(self._ask({"op": "construct", "seed": init_seed}, "constructed"),
+                                   {"loaded_params": int, "unmatched": list})
             self.details["state_dict"] = {"loaded": constructed.get("loaded_params"),
                                           "unmatched": constructed.get("unmatched")}
             from .inputs import make_init_inputs
@@ -403,7 +475,7 @@ class _DeviceStage:
             if self.spares:   # the next child's start-up (CPU, device context, profiler) must not overlap timing
                 waited = time.monotonic()
                 self.spares.wait_started(self._spare_key, cfg.startup_timeout_s)
-                self.conv.deadline += time.monotonic() - waited   # not the candidate's time
+                self.conv.pause(time.monotonic() - waited)   # not the candidate's time
                 self._lap("spare_wait")
             self.phase = "timing"
             t_ref, t_cand, t_comp = self._timing(ref_model)
@@ -430,9 +502,11 @@ class _DeviceStage:
                 return _finish(self.task, cfg, Category.INFRA, feedback.infra("the device child did not start in "
                                                                               f"{cfg.startup_timeout_s:.0f} s"),
                                details=self.details)
+            from .inputs import large_data_note
             return _finish(self.task, cfg, Category.TIMEOUT, feedback.timeout(
                 {"import": "importing the candidate", "construct": "correctness trials"}.get(self.phase, self.phase),
-                cfg.run_timeout_s), q=0.0, details=self.details, code_hash=self.build.code_hash, code=self.code)
+                cfg.run_timeout_s) + large_data_note(self.details.get("footprint"), cfg.backend), q=0.0,
+                details=self.details, code_hash=self.build.code_hash, code=self.code)
         except (ChildFailed, ProtocolError) as e:
             exit_info = self.child.close(grace_s=2.0) if self.child else None
             if exit_info:
@@ -467,6 +541,50 @@ class _DeviceStage:
                 except Exception:
                     pass
 
+    def _runtime_problems(self, report: dict[str, Any], correct: bool, ref_leaves: list) -> list[tuple[str, str]]:
+        import torch
+        return runtime_violations(report, host_backend=not self.backend.is_gpu, correct=correct,
+                                  output_elements=sum(t.numel() for t in ref_leaves if isinstance(t, torch.Tensor)))
+
+    def _raise_runtime_violations(self, report: dict[str, Any], q: float = 0.0) -> None:
+        for key in ("background_cpu_ms", "threads_started"):
+            if key in report:
+                self.details[key] = report[key]
+        problems = runtime_violations(report, host_backend=not self.backend.is_gpu)
+        if problems:
+            rule, message = problems[0]
+            raise _Verdict(Category.CHEATING, feedback.cheating(rule, f"{RUNTIME_RULES[rule]}: {message}"),
+                           rule=rule, q=q)
+
+    def _trial(self, ref_model, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
+        the first mismatch, in-place/aliasing flags against the reference, runtime rule violations)."""
+        report = _checked(self._ask({"op": "trial", "seed": seed}, "trial_done"), _TRIAL_FIELDS)
+        ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
+        if report.get("subclass_outputs"):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
+                "(lazy or disguised outputs); return plain torch.Tensor"), rule="tensor_subclass_output")
+        if report.get("timer_patched"):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "timer_patch", f"timing functions were replaced: {report['timer_patched']}"), rule="timer_patch")
+        row: dict[str, Any] = {"ok": False, "mismatch": None}
+        flags = {"inputs_modified": bool(report.get("inputs_modified")) and not ref_mutates,
+                 "aliases_input": bool(report.get("aliases_input")) and not ref_aliases}
+        leaves = self._load_outputs(report, ref_leaves)
+        wrong_device = [d for d in report.get("devices") or [] if d != self.device.type]
+        if wrong_device:
+            row["mismatch"] = f"outputs on device {str(wrong_device[0])[:40]!r}, expected {self.device.type!r}"
+        elif not same_structure(report.get("spec"), ref_spec):
+            row["mismatch"] = (f"output structure {spec_summary(report.get('spec'))} differs from the reference's "
+                               f"{spec_summary(ref_spec)}")
+        else:
+            c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
+            row.update(ok=c.ok, max_abs_diff=c.max_abs_diff, max_rel_diff=c.max_rel_diff,
+                       mismatch=c.mismatch.describe() if c.mismatch else None)
+        del leaves
+        return report, {"row": row, "flags": flags, "problems": self._runtime_problems(report, row["ok"], ref_leaves)}
+
     def _correctness(self, ref_model) -> float:
         cfg = self.cfg
         n = cfg.num_correct_trials
@@ -474,44 +592,23 @@ class _DeviceStage:
         aten: dict[str, int] = {}
         kernels: dict[str, int] = {}
         flags = {"inputs_modified": False, "aliases_input": False}
+        problems: list[tuple[str, str]] = []
         first_mismatch = None
         max_abs = max_rel = 0.0
         for i in range(n):
-            seed = secrets.randbits(63)
-            report = _checked(self._ask({"op": "trial", "seed": seed}, "trial_done"), _TRIAL_FIELDS)
-            ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
-            if report.get("subclass_outputs"):
-                raise _Verdict(Category.CHEATING, feedback.cheating(
-                    "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
-                    "(lazy or disguised outputs); return plain torch.Tensor"), rule="tensor_subclass_output")
-            if report.get("timer_patched"):
-                raise _Verdict(Category.CHEATING, feedback.cheating(
-                    "timer_patch", f"timing functions were replaced: {report['timer_patched']}"), rule="timer_patch")
+            report, judged = self._trial(ref_model, secrets.randbits(63))
             for k, v in (report.get("aten_ops") or {}).items():
                 aten[str(k)] = aten.get(str(k), 0) + int(v)
             for k, v in (report.get("device_kernels") or {}).items():
                 kernels[str(k)] = kernels.get(str(k), 0) + int(v)
-            flags["inputs_modified"] |= bool(report.get("inputs_modified")) and not ref_mutates
-            flags["aliases_input"] |= bool(report.get("aliases_input")) and not ref_aliases
-            leaves = self._load_outputs(report, ref_leaves)
-            wrong_device = [d for d in report.get("devices") or [] if d != self.device.type]
-            if wrong_device:
-                desc = f"outputs on device {wrong_device[0]!r}, expected {self.device.type!r}"
-                results.append({"ok": False, "mismatch": desc})
-                first_mismatch = first_mismatch or desc
-                continue
-            if not same_structure(report.get("spec"), ref_spec):
-                desc = f"output structure {report.get('spec')} differs from the reference's {ref_spec}"
-                results.append({"ok": False, "mismatch": desc})
-                first_mismatch = first_mismatch or desc
-                continue
-            c = compare_outputs(leaves, ref_leaves, cfg.tolerance, cfg.tolerance, cfg.scale_floor)
-            max_abs, max_rel = max(max_abs, c.max_abs_diff), max(max_rel, c.max_rel_diff)
-            results.append({"ok": c.ok, "max_abs_diff": c.max_abs_diff, "max_rel_diff": c.max_rel_diff,
-                            "mismatch": c.mismatch.describe() if c.mismatch else None})
-            if not c.ok and first_mismatch is None:
-                first_mismatch = c.mismatch.describe()
-            del leaves, ref_leaves
+            for k in flags:
+                flags[k] |= judged["flags"][k]
+            problems += judged["problems"]
+            row = judged["row"]
+            results.append(row)
+            max_abs, max_rel = max(max_abs, row.get("max_abs_diff", 0.0)), max(max_rel, row.get("max_rel_diff", 0.0))
+            if not row["ok"] and first_mismatch is None:
+                first_mismatch = row["mismatch"]
         self.details.update({"trials": results, "aten_ops": aten, "device_kernels": dict(list(kernels.items())[:50])})
         passed = sum(r["ok"] for r in results)
         q = passed / n
@@ -520,6 +617,10 @@ class _DeviceStage:
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "forbidden_op", "ModelNew.forward ran PyTorch compute ops instead of (or besides) your kernels",
                 bad_ops), rule="forbidden_op", forbidden_ops=bad_ops, q=q)
+        if problems:
+            rule, message = problems[0]
+            raise _Verdict(Category.CHEATING, feedback.cheating(rule, f"{RUNTIME_RULES[rule]}: {message}"),
+                           rule=rule, q=q)
         if self.backend.is_gpu and not candidate_kernels(kernels):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "no_device_kernel", "no device kernel of your own ran in ModelNew.forward"), rule="no_device_kernel",
@@ -537,6 +638,30 @@ class _DeviceStage:
                                                                             max_rel), q=q)
         return q
 
+    def _hidden_trial(self, ref_model) -> None:
+        """A correctness trial among the timed calls. The candidate cannot tell it from a timed call, so one
+        that computes with PyTorch (or wrongly, or off its extension) once its correctness trials are over
+        is judged like in a correctness trial, with the profiler on."""
+        report, judged = self._trial(ref_model, secrets.randbits(63))
+        bad_ops = forbidden_ops(report.get("aten_ops") or {})
+        if bad_ops:
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "forbidden_op", "ModelNew.forward ran PyTorch compute ops while being timed", bad_ops),
+                rule="forbidden_op", forbidden_ops=bad_ops, q=1.0)
+        if judged["problems"]:
+            rule, message = judged["problems"][0]
+            raise _Verdict(Category.CHEATING, feedback.cheating(rule, f"{RUNTIME_RULES[rule]}: {message}"),
+                           rule=rule, q=1.0)
+        if self.backend.is_gpu and not candidate_kernels(report.get("device_kernels") or {}):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "no_device_kernel", "no device kernel of your own ran in ModelNew.forward while being timed"),
+                rule="no_device_kernel", q=1.0)
+        if not judged["row"]["ok"] or any(judged["flags"].values()):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "timing_output_mismatch", "a call made while being timed was wrong ("
+                + str(judged["row"]["mismatch"] or "it modified or returned its inputs")
+                + "); the kernel must compute the result on every call"), rule="timing_output_mismatch", q=1.0)
+
     def _timing(self, ref_model) -> tuple[float, float, float | None]:
         import random
         cfg = self.cfg
@@ -544,7 +669,9 @@ class _DeviceStage:
         rng = random.Random(secrets.randbits(64))
         warm = _checked(self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63),
                                    "runners": runners, "compile_ref": cfg.compare_torch_compile}, "warmed"),
-                        {"est_ms": dict, "input_bytes": (int, float), "output_bytes": dict})
+                        {"est_ms": dict, "input_bytes": (int, float), "output_bytes": dict, "flush_bytes": int,
+                         **_INTEGRITY_FIELDS})
+        self._raise_runtime_violations(warm, q=1.0)
         est = {r: _number(warm.get("est_ms", {}).get(r)) for r in runners}
         out_bytes = {r: _count(warm.get("output_bytes", {}).get(r)) for r in runners}
         reps = choose_reps(est, _count(warm.get("input_bytes")), out_bytes, cfg.timing_batch_ms,
@@ -553,7 +680,7 @@ class _DeviceStage:
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
         calls: list[TimedCall] = []
         t_start = time.monotonic()
-        done = 0
+        done = hidden = 0
         for j in range(cfg.num_timing_trials):
             if j >= 3 and time.monotonic() - t_start > cfg.time_budget_s:
                 break
@@ -567,8 +694,9 @@ class _DeviceStage:
                 t0 = time.monotonic()
                 reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
                                  {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float),
-                                  "plain_tensors": bool, "outputs_shared": bool})
+                                  "plain_tensors": bool, "outputs_shared": bool, **_INTEGRITY_FIELDS})
                 wall_ms = (time.monotonic() - t0) * 1e3
+                self._raise_runtime_violations(reply, q=1.0)
                 rep_ms = [_number(x) for x in reply.get("rep_ms", [])]
                 if len(rep_ms) != n:
                     rep_ms = [math.nan] * n   # a reply that does not match the request is implausible
@@ -586,6 +714,8 @@ class _DeviceStage:
                 if runner == "cand" and j in audits:
                     k = n - 1 if shared else rng.randrange(n)   # picked after the batch ran
                     self._audit(ref_model, seeds[k], k)
+                    self._hidden_trial(ref_model)
+                    hidden += 1
                 if shared:
                     reps = 1
             # the span floor subtracts the reference's flushes (same buffer, same trial), never a figure the
@@ -595,6 +725,8 @@ class _DeviceStage:
                 c.floor_flush_ms = ref_flush * c.reps if math.isfinite(ref_flush) else 0.0
             calls.extend(trial[r] for r in order)
             done += 1
+        if not hidden:   # the time budget ended timing before an audited trial: one hidden trial all the same
+            self._hidden_trial(ref_model)
         problem = implausible_timing(calls)
         by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}
         self.details["timing"] = {r: stats(v) for r, v in by.items()}
@@ -609,6 +741,7 @@ class _DeviceStage:
 
     def _audit(self, ref_model, seed: int, rep: int = 0) -> None:
         report = _checked(self._ask({"op": "audit", "rep": rep}, "audited"), _TRIAL_FIELDS)
+        self._raise_runtime_violations(report, q=1.0)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
         leaves = self._load_outputs(report, ref_leaves)
         c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)

@@ -4,6 +4,10 @@ Contract (ARCHITECTURE.md): the candidate is the last fenced Python block of a m
 (```python, ```py, ```python3, or an untagged fence whose content parses as Python), or the whole
 response when it is plain Python source. Anything else is a ``format_error`` with a message the
 model can act on.
+
+Normalisation before any parsing: a leading BOM is dropped and CRLF/CR line ends become LF (a correct
+candidate must not fail on its line endings). Source too deeply nested for the parser is a format error,
+never an exception out of here (which the caller would report as infra).
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import re
 
 PY_TAGS = {"python", "py", "python3", "py3"}
 _FENCE_OPEN = re.compile(r"^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
+_MAX_FENCE_RETRIES = 8   # later closing fences tried, over the whole response, for ```python blocks that do not
+                         # parse at their first one (each try parses; bounded so a response of fences stays cheap)
 
 
 class FormatError(ValueError):
@@ -38,11 +44,22 @@ def _decode(response: str | bytes, max_bytes: int) -> str:
     return response
 
 
+def _normalise(text: str) -> str:
+    """Drop a leading BOM and turn CRLF / lone CR line ends into LF."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _fenced_blocks(text: str) -> list[tuple[str, str, bool]]:
-    """(info tag, content, closed) for each fenced block, in order. An unclosed last fence runs to the end."""
+    """(info tag, content, closed) for each fenced block, in order. An unclosed last fence runs to the end.
+
+    A ```python block that does not parse up to its first closing fence may contain fence lines of its own
+    (inside a string); it then extends to the first of the next few closing fences at which it parses."""
     lines = text.split("\n")
     blocks = []
     i = 0
+    tries = 0
     while i < len(lines):
         m = _FENCE_OPEN.match(lines[i])
         if not m:
@@ -54,6 +71,15 @@ def _fenced_blocks(text: str) -> list[tuple[str, str, bool]]:
         j = i + 1
         while j < len(lines) and not close.match(lines[j]):
             j += 1
+        if tag in PY_TAGS and j < len(lines) and tries < _MAX_FENCE_RETRIES and not _parses("\n".join(lines[i + 1:j])):
+            k = j + 1
+            while k < len(lines) and tries < _MAX_FENCE_RETRIES:
+                if close.match(lines[k]):
+                    tries += 1
+                    if _parses("\n".join(lines[i + 1:k])):
+                        j = k
+                        break
+                k += 1
         blocks.append((tag, "\n".join(lines[i + 1:j]), j < len(lines)))
         i = j + 1
     return blocks
@@ -63,7 +89,7 @@ def _parses(src: str) -> bool:
     try:
         ast.parse(src)
         return True
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
 
 
@@ -90,12 +116,14 @@ def _select(text: str) -> str:
         except SyntaxError as e:
             raise FormatError(f"no ```python code block found, and the response is not Python source either "
                               f"(line {e.lineno}: {e.msg})") from None
+        except (ValueError, RecursionError, MemoryError):
+            raise FormatError("no ```python code block found, and the response is not Python source either")
     return text  # plain Python source
 
 
 def extract_candidate(response: str | bytes, max_bytes: int) -> str:
     """Return the candidate source; raise FormatError(message) when there is none."""
-    text = _decode(response, max_bytes)
+    text = _normalise(_decode(response, max_bytes))
     if "\x00" in text:
         raise FormatError("response contains NUL bytes")
     code = _select(text)
@@ -109,6 +137,8 @@ def extract_candidate(response: str | bytes, max_bytes: int) -> str:
                           + (f": {line[:120]}" if line else "")) from None
     except ValueError as e:
         raise FormatError(f"candidate code does not parse: {e}") from None
+    except (RecursionError, MemoryError):
+        raise FormatError("candidate code is too deeply nested to parse") from None
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
         raise FormatError("no `class ModelNew(nn.Module)` defined at module level of the candidate code")
     return code if code.endswith("\n") else code + "\n"

@@ -6,10 +6,16 @@ run under a ``TorchFunctionMode`` that sends tensor factories (``rand``, ``randn
 so the parent (reference) and the sandboxed child (candidate) produce bitwise-identical inputs for the
 same seed on the same device type. Floating inputs are then cast to the configured precision
 (KernelBench semantics). The global RNGs (torch, numpy, random) are seeded too, for tasks that draw
-through other paths.
+through other paths. Task code that moves tensors to another accelerator (``.cuda()``, ``device="cuda"``)
+gets the target device instead: the verifier, not the task, picks the device.
+
+``estimate_footprint`` sizes a task's inputs, outputs and parameters on meta tensors, so that a task too
+large for the backend (KernelBench's GPU shapes on a CPU host) gets a clear verdict before anything is
+allocated (``memory_problem``).
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any, Callable
 
@@ -43,16 +49,50 @@ def precision_dtype(precision: str) -> torch.dtype:
         raise ValueError(f"unknown precision {precision!r}; one of {sorted(_DTYPES)}") from None
 
 
-class DeviceFactoryMode(TorchFunctionMode):
-    """Redirect tensor factories to ``device`` and random ops to ``generator``."""
+def _other_accelerator(device: Any, target: torch.device) -> bool:
+    """Whether ``device`` (a str or torch.device) names an accelerator other than ``target`` (another type,
+    or the current/another index of its type: a worker pinned to one GPU must not use the current one)."""
+    if not isinstance(device, (str, torch.device)):
+        return False
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return False
+    return dev.type not in ("cpu", "meta") and dev != target
 
-    def __init__(self, device: torch.device, generator: torch.Generator):
+
+def _retarget_move(func, args: tuple, kwargs: dict, target: torch.device) -> tuple[tuple, dict] | None:
+    """Arguments of ``Tensor.to`` for a ``x.cuda()`` / ``x.to("cuda")`` that task code makes for another
+    accelerator, sent to ``target`` instead (KernelBench-style task sets create inputs with ``.cuda()`` or
+    ``device="cuda"``; the verifier, not the task, chooses the device). None when ``func`` is not such a move."""
+    if func is torch.Tensor.cuda:
+        return (args[0], target), {k: v for k, v in kwargs.items() if k == "non_blocking"}
+    if func is torch.Tensor.to:
+        if _other_accelerator(kwargs.get("device"), target):
+            return args, dict(kwargs, device=target)
+        if len(args) > 1 and _other_accelerator(args[1], target):
+            return (args[0], target, *args[2:]), kwargs
+    return None
+
+
+class DeviceFactoryMode(TorchFunctionMode):
+    """Redirect tensor factories (and task-made moves to another accelerator) to ``device``, and random
+    ops to ``generator``."""
+
+    def __init__(self, device: torch.device, generator: torch.Generator | None):
         super().__init__()
         self.device = device
         self.generator = generator
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        moved = _retarget_move(func, args, kwargs, self.device)
+        if moved is not None:
+            return torch.Tensor.to(*moved[0], **moved[1])
+        if self.generator is None:   # shapes only (estimate_footprint, on meta): nothing to draw from
+            kwargs.pop("generator", None)
+            if func in _LIKE or func is torch.randint_like:
+                return func(*args, **kwargs)
         if func in _LIKE:
             ref = args[0]
             kwargs.setdefault("dtype", ref.dtype)
@@ -67,7 +107,7 @@ class DeviceFactoryMode(TorchFunctionMode):
             return torch.randint(*rest, ref.shape, **kwargs)
         if func in _FACTORIES:
             kwargs["device"] = self.device
-        if func in _RANDOM and kwargs.get("generator") is None:
+        if func in _RANDOM and kwargs.get("generator") is None and self.generator is not None:
             kwargs["generator"] = self.generator
         if func is torch.normal and not any(isinstance(a, torch.Tensor) for a in args):
             kwargs["device"] = self.device
@@ -148,3 +188,160 @@ def load_matching_state(target: torch.nn.Module, source: torch.nn.Module) -> dic
     with torch.no_grad():
         target.load_state_dict(matched, strict=False)
     return {"loaded": sorted(matched), "unmatched": sorted(set(dst) - set(matched))}
+
+
+# ------------------------------------------------------------------------------------ memory footprint
+GiB = 1 << 30
+CHILD_BASE_BYTES = 4 * GiB   # address space of a run child before any task data (interpreter, torch, profiler)
+
+
+@dataclasses.dataclass
+class Footprint:
+    """Bytes of one call of a task at the verified precision, from shapes alone (nothing allocated)."""
+
+    input_bytes: int
+    output_bytes: int | None      # None: the forward does not run on shape-only (meta) tensors
+    param_bytes: int | None       # parameters and buffers of one Model; None: it does not build on meta
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(o) for o in obj.values())
+    return 0
+
+
+def estimate_footprint(task_module, precision: str) -> Footprint | None:
+    """Sizes of a task's inputs, outputs and parameters, by running ``get_inputs``, ``Model(...)`` and its
+    forward on meta tensors: KernelBench's GPU-sized problems (several GB per input) are measured in
+    milliseconds, before any process allocates them. None when ``get_inputs`` itself cannot run on meta
+    tensors (data-dependent code); the unknown parts of a partial answer are None."""
+    meta = torch.device("meta")
+    dtype = precision_dtype(precision)
+    try:
+        with DeviceFactoryMode(meta, None):
+            args = _to_device(task_module.get_inputs(), meta, dtype)
+    except Exception:
+        return None
+    fp = Footprint(_tensor_bytes(args), None, None)
+    try:
+        with DeviceFactoryMode(meta, None):
+            init = task_module.get_init_inputs()
+        with meta, torch.no_grad():
+            model = task_module.Model(*init).to(dtype=dtype)
+        fp.param_bytes = sum(_tensor_bytes(t) for t in (*model.parameters(), *model.buffers()))
+        with DeviceFactoryMode(meta, None), torch.no_grad():
+            fp.output_bytes = _tensor_bytes(model(*args))
+    except Exception:
+        pass
+    return fp
+
+
+def _cgroup_free_bytes() -> int | None:
+    """Memory left under this process's cgroup limit (v2 ``memory.max`` or v1), if there is one."""
+    for limit_f, usage_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                             ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                              "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_f) as f:
+                limit = f.read().strip()
+            with open(usage_f) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            return max(0, int(limit) - usage)
+    return None
+
+
+def host_available_bytes() -> int | None:
+    """Memory the host can still give (``MemAvailable``, capped by a cgroup limit); None if unknown."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    cg = _cgroup_free_bytes()
+    return min(x for x in (avail, cg) if x is not None) if (avail is not None or cg is not None) else None
+
+
+def device_free_bytes(backend_name: str, index: int = 0) -> int | None:
+    """Free memory of a GPU backend's device (``torch.<backend>.mem_get_info``); None if unknown."""
+    mod = getattr(torch, backend_name, None)
+    fn = getattr(mod, "mem_get_info", None)
+    if fn is None:
+        return None
+    try:
+        return int(fn(index)[0])
+    except Exception:
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, host_free: int | None,
+                   child_limit: int | None, device_free: int | None = None) -> str | None:
+    """Why one verification of this task cannot fit in memory, or None when it fits (or is unknown).
+
+    During a correctness trial the parent holds the inputs, a copy of them (to see whether forward wrote
+    to them), the reference output and the candidate's output read back; the sandboxed child holds its
+    own inputs, the candidate's output and the copy it serialises, and two models (reference and
+    candidate) besides the parent's one. On the cpu backend all of that is host memory; timing (three
+    input sets, two outputs) stays below it. Outputs that cannot be sized are taken as large as the
+    inputs (elementwise)."""
+    if fp is None:
+        return None
+    i = fp.input_bytes
+    o = fp.output_bytes if fp.output_bytes is not None else i
+    p = fp.param_bytes or 0
+    sizes = (f"inputs {_gib(i)}, outputs {_gib(o)}{'' if fp.output_bytes is not None else ' (assumed)'}, "
+             f"parameters {_gib(p)}")
+    parent = 2 * i + 2 * o + p
+    child = max(i + 2 * o, 3 * i + 2 * o) + 2 * p
+    hint = ("; verify it at smaller shapes (a size profile that rewrites its size constants) or on a GPU "
+            "backend" if not is_gpu else "; verify it at smaller shapes or on a device with more memory")
+    if not is_gpu:
+        if host_free is not None and parent + child > host_free:
+            return (f"the task needs about {_gib(parent + child)} of host memory for one correctness trial "
+                    f"({sizes}; the parent and the sandboxed child each hold copies), but only "
+                    f"{_gib(host_free)} is available on the {backend_name} backend{hint}")
+        if child_limit is not None and child + CHILD_BASE_BYTES > child_limit:
+            return (f"the sandboxed child would need about {_gib(child + CHILD_BASE_BYTES)} of address space "
+                    f"({sizes}), more than its limit memory_limit_bytes={_gib(child_limit)}{hint}")
+        return None
+    if device_free is not None and parent + child > device_free:
+        return (f"the task needs about {_gib(parent + child)} of {backend_name} device memory for one "
+                f"correctness trial ({sizes}; the parent and the sandboxed child each hold copies), but only "
+                f"{_gib(device_free)} is free{hint}")
+    host = 2 * o + 2 * p     # outputs travel through host memory; models are built on the host
+    if host_free is not None and host > host_free:
+        return (f"the task needs about {_gib(host)} of host memory to move its outputs and build its models "
+                f"({sizes}), but only {_gib(host_free)} is available{hint}")
+    return None
+
+
+def large_data_note(footprint: dict[str, Any] | None, backend_name: str) -> str:
+    """A sentence for a timeout verdict when the task's data alone is large (1 GiB or more per call): on a
+    CPU backend, creating, fingerprinting, saving and timing data of KernelBench's GPU sizes takes much of
+    the time limit, so the model (and the user) should know that the shapes, not only the code, are slow."""
+    if not footprint:
+        return ""
+    i = int(footprint.get("input_bytes") or 0)
+    o = footprint.get("output_bytes")
+    o = i if o is None else int(o)
+    if i + o < GiB:
+        return ""
+    return (f" The task moves {_gib(i + o)} per call (inputs {_gib(i)}, outputs {_gib(o)}); on the {backend_name} "
+            f"backend handling data of this size takes much of the time limit.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from .types import Category
@@ -128,7 +129,9 @@ def summarize(rows: Iterable[Mapping[str, Any]], ks: Sequence[int] = (1,),
     for r in rows:
         lvl = r.get("level")
         levels.setdefault(f"level{lvl}" if lvl is not None else "unleveled", []).append(r)
-    out = {name: _summarize_group(name, rs, ks, ps) for name, rs in sorted(levels.items())}
+    # numeric order: level2 before level10
+    order = sorted(levels, key=lambda name: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+    out = {name: _summarize_group(name, levels[name], ks, ps) for name in order}
     out["all"] = _summarize_group("all", rows, ks, ps)
     return out
 

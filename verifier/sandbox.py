@@ -15,7 +15,8 @@ loaded:
 - rlimits: CPU time, memory (RLIMIT_AS on cpu; RLIMIT_DATA on GPU backends, whose drivers reserve huge
   virtual ranges), file size, processes (headroom over what the user already runs; the kernel ignores
   RLIMIT_NPROC for uid 0), open files, no core dumps;
-- privileges: ``no_new_privs``; a root child drops every capability (bounding, effective, permitted).
+- privileges: ``no_new_privs``; a root child drops every capability (bounding, effective, permitted);
+- memory pressure: ``oom_score_adj`` 1000, so the kernel's OOM killer takes the child, never the verifier.
 
 What was applied, and what each step fell back to, is reported in the first message the child sends
 (before any candidate code exists) and lands in ``VerifyResult.details["isolation"]``.
@@ -204,6 +205,7 @@ def apply_isolation(policy: dict[str, Any]) -> dict[str, Any]:
     else:
         report["network"] = "not requested"
     report["rlimits"] = _rlimits(policy)
+    report["oom_score_adj"] = _prefer_oom_kill()   # before Landlock, which may not allow /proc/self writes
     libc = _libc()
     report["no_new_privs"] = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     if policy.get("landlock", True):
@@ -213,6 +215,17 @@ def apply_isolation(policy: dict[str, Any]) -> dict[str, Any]:
         report["landlock"] = {"applied": False, "reason": "not requested"}
     report["capabilities"] = _drop_capabilities(libc) if policy.get("drop_capabilities", True) else "kept"
     return report
+
+
+def _prefer_oom_kill() -> bool:
+    """Make this process the kernel's first choice when memory runs out: a candidate that allocates up to its
+    rlimit on a host with less memory must take itself down, not the verifier (raising it needs no privilege)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+        return True
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -379,7 +392,7 @@ class SandboxedChild:
                 del self._buf[:nl + 1]
                 try:
                     msg = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                except (ValueError, RecursionError, MemoryError):   # bad JSON, deep nesting, huge ints
                     raise ProtocolError(f"malformed message from the child: {line[:200]!r}") from None
                 if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
                     raise ProtocolError(f"message without an op from the child: {line[:200]!r}")

@@ -117,32 +117,45 @@ def find_manifest_entry(task_path: str, max_up: int = 3) -> ManifestEntry | None
 
 
 def module_constants(source: str) -> dict[str, Any]:
-    """Top-level ``NAME = <literal>`` assignments of a task source (never executes it)."""
+    """Top-level constants of a task source (never executes it): ``N = <literal>``, and the forms
+    KernelBench uses, ``height = width = 128`` and ``depth, height, width = 16, 32, 32``.
+    A name assigned twice keeps its last value, as when the module runs."""
     out: dict[str, Any] = {}
     for node in ast.parse(source).body:
-        target, value = _simple_assignment(node)
-        if target is None:
-            continue
-        try:
-            out[target] = ast.literal_eval(value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            continue
+        for name, value in _assigned_names(node):
+            try:
+                out[name] = ast.literal_eval(value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                out.pop(name, None)   # a later non-literal assignment hides an earlier literal
     return out
 
 
-def _simple_assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-        return node.targets[0].id, node.value
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-        return node.target.id, node.value
-    return None, None
+def _assigned_names(node: ast.stmt) -> list[tuple[str, ast.expr]]:
+    """``(name, value expression)`` for every name a top-level assignment binds. Chained targets share
+    one value; a tuple target is matched element by element against a tuple/list display of the same
+    length (other unpackings bind nothing we can rewrite)."""
+    if isinstance(node, ast.AnnAssign):
+        return [(node.target.id, node.value)] if isinstance(node.target, ast.Name) and node.value else []
+    if not isinstance(node, ast.Assign):
+        return []
+    out = []
+    for target in node.targets:
+        if isinstance(target, ast.Name):
+            out.append((target.id, node.value))
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(node.value, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(node.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
+            out += [(t.id, v) for t, v in zip(target.elts, node.value.elts)]
+    return out
 
 
 def rewrite_constants(source: str, values: Mapping[str, Any]) -> str:
     """Replace the values of top-level constant assignments, keeping every other byte of the source.
 
-    Raises ``KeyError`` naming constants the source does not assign, and ``ValueError`` for values
-    that are not plain literals (they must round-trip through ``repr``/``ast.literal_eval``).
+    Every assignment of a name is rewritten (a module may assign it twice). A chained assignment
+    (``height = width = 128``) whose names now get different values becomes one tuple assignment
+    (``height, width = 64, 128``) when its value is a literal. Raises ``KeyError`` naming constants
+    the source does not assign, and ``ValueError`` for values that are not plain literals (they must
+    round-trip through ``repr``/``ast.literal_eval``) or a chain from an expression that would split.
     """
     for name, v in values.items():
         try:
@@ -156,16 +169,35 @@ def rewrite_constants(source: str, values: Mapping[str, Any]) -> str:
     for ln in lines:
         offsets.append(offsets[-1] + len(ln.encode("utf-8")))
     data = source.encode("utf-8")
+
+    def span(node: ast.AST) -> tuple[int, int]:
+        return offsets[node.lineno - 1] + node.col_offset, offsets[node.end_lineno - 1] + node.end_col_offset
+
     spans: list[tuple[int, int, str]] = []
     seen: set[str] = set()
     for node in ast.parse(source).body:
-        target, value = _simple_assignment(node)
-        if target is None or target not in values:
+        bound = _assigned_names(node)
+        hits = [(n, v) for n, v in bound if n in values]
+        if not hits:
             continue
-        start = offsets[value.lineno - 1] + value.col_offset
-        end = offsets[value.end_lineno - 1] + value.end_col_offset
-        spans.append((start, end, repr(values[target])))
-        seen.add(target)
+        seen.update(n for n, _ in hits)
+        if isinstance(node, ast.Assign) and len(node.targets) > 1:   # a = b = <value>: one value node
+            names = [n for n, _ in bound]
+            if not all(isinstance(t, ast.Name) for t in node.targets):
+                raise ValueError(f"line {node.lineno}: cannot rewrite {', '.join(n for n, _ in hits)} in a chained "
+                                 f"assignment with an unpacking target")
+            if len({repr(values[n]) for n, _ in hits}) == 1 and len(hits) == len(names):
+                spans.append((*span(node.value), repr(values[hits[0][0]])))
+                continue
+            try:
+                old = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                raise ValueError(f"line {node.lineno}: {', '.join(names)} are assigned together from an "
+                                 f"expression; cannot change {', '.join(n for n, _ in hits)} alone") from None
+            new = ", ".join(repr(values[n]) if n in values else repr(old) for n in names)
+            spans.append((*span(node), f"{', '.join(names)} = {new}"))
+            continue
+        spans += [(*span(v), repr(values[n])) for n, v in hits]
     missing = sorted(set(values) - seen)
     if missing:
         raise KeyError(f"the task source assigns no module-level constant named {', '.join(missing)}")

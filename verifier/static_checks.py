@@ -6,6 +6,16 @@ simple assignments, ``getattr`` with a literal name is treated like the attribut
 computed name it is rejected), and the native sources handed to ``load_inline`` must be literals (or
 names bound once to literals) so the exact text the compiler sees is scanned.
 
+Everything the candidate's Python can reach is judged by name, wherever it hangs: stdlib modules that
+torch and the allowed modules re-export as attributes (``torch.os``, ``torch.nn.functional.np``,
+``typing.sys``, ``enum.bltns``), ways to compute on the host instead of in a kernel (``.numpy()``,
+``.tolist()``, ``apply_``), global torch state and module-wide hooks, string evaluation hidden in the
+allowed modules (``typing.get_type_hints``), and the profiler. Module objects may not be laundered
+through containers, calls or conditionals (``[torch][0].utils``), and attributes may be assigned only
+on ``self``/``ctx``/``cls`` and the candidate's own classes, so names keep resolving.
+
+The native sources and flags themselves are judged by ``native_checks``.
+
 Static rules are one layer. The sandbox (no network, writes confined, rlimits), the parent-side
 verdict (reference and comparison never in the child) and the runtime profiler check back them up.
 
@@ -17,7 +27,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import sys
 from typing import TYPE_CHECKING, Any, Iterable
+
+from .native_checks import NativeFinding, native_findings, toolchain_mismatches
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import VerifierConfig
@@ -40,7 +53,13 @@ SECURITY_RULES: dict[str, str] = {
     "profiler_probe": "inspects the profiler (behaving differently while being checked)",
     "library_fallback": "computes with another library (numpy, scipy, cupy, numba, jax, ...)",
     "native_source": "native sources or load_inline arguments that are not static literals, or obfuscated "
-                     "native code (token pasting, raw machine code)",
+                     "native code (token pasting, raw machine code, macro or flag aliases, unsafe compiler flags)",
+    "host_compute": "computes on the host instead of in a kernel (.numpy(), .tolist(), apply_/map_, storages, "
+                    "DLPack) or bypasses the dispatcher from C++ (at::native::, at::cpu::, BLAS/oneDNN calls)",
+    # the build stage reports a missing CUDA/MUSA header, library or compiler as a broken build host (infra,
+    # retried, never scored); a candidate must not be able to ask for one and escape its verdict
+    "toolchain_mismatch": "asks for a toolchain this backend does not have (CUDA/MUSA sources, headers or "
+                          "libraries on another backend, unknown torch/Python libraries)",
 }
 POLICY_RULES: dict[str, str] = {
     "try_except": "try/except (fallback to PyTorch when the kernel fails)",
@@ -123,7 +142,27 @@ for _dev in ("cuda", "musa", "xpu", "mps"):
         (f"torch.{_dev}.set_rng_state", "global_torch_state"),
         (f"torch.{_dev}.set_rng_state_all", "global_torch_state"),
     ]
-_HARMLESS_TORCH_SETTERS = {"set_grad_enabled", "set_printoptions"}
+_HARMLESS_TORCH_SETTERS = {"set_grad_enabled", "set_printoptions", "set_device"}
+# private torch helpers that are pure functions of their arguments, used to copy nn.Linear/nn.Conv* initialisation
+# and argument handling (nothing reachable through them that the other rules would not catch by name)
+_HARMLESS_TORCH_PRIVATE = {"torch.nn.init._calculate_fan_in_and_fan_out", "torch.nn.init._calculate_correct_fan",
+                           "torch.nn.modules.utils._single", "torch.nn.modules.utils._pair",
+                           "torch.nn.modules.utils._triple", "torch.nn.modules.utils._quadruple",
+                           "torch.nn.modules.utils._ntuple", "torch.nn.modules.utils._reverse_repeat_tuple"}
+_QUALIFIED_RULES += [("torch.compiler", "torch_compiler"), ("torch.autograd.graph", "global_torch_state"),
+                     ("torch.autograd.anomaly_mode", "global_torch_state"),
+                     ("torch.autograd.grad_mode.set_grad_enabled", "global_torch_state")]
+# torch.utils holds process spawners (collect_env.run, benchmark's valgrind wrapper), file writers
+# (tensorboard, file_baton, hipify), dispatch modes (flop_counter) and DLPack; a kernel needs load_inline only
+_TORCH_UTILS_ALLOWED = {"cpp_extension": {"load_inline", "CUDA_HOME", "ROCM_HOME"}}
+_TORCH_UTILS_RULES = {"cpp_extension": "extension_load_file", "dlpack": "host_compute",
+                      "collect_env": "process_or_thread", "benchmark": "process_or_thread",
+                      "bottleneck": "process_or_thread", "tensorboard": "file_access", "file_baton": "file_access",
+                      "hipify": "file_access", "flop_counter": "tensor_subclass", "module_tracker": "tensor_subclass"}
+# stdlib roots a candidate may import (policy allowlist): their private names hide eval and module handles
+# (typing._eval_type, collections._sys)
+_STDLIB_ROOTS = {"math", "typing", "functools", "itertools", "operator", "collections", "dataclasses", "enum",
+                 "numbers", "warnings", "__future__"}
 
 # attribute names that are suspicious whatever object they hang off
 _ATTR_RULES = {
@@ -135,8 +174,52 @@ _ATTR_RULES = {
     "f_globals": "dynamic_code", "f_locals": "dynamic_code", "f_back": "dynamic_code", "f_code": "dynamic_code",
     "f_builtins": "dynamic_code", "gi_frame": "dynamic_code", "cr_frame": "dynamic_code", "ag_frame": "dynamic_code",
     "tb_frame": "dynamic_code", "tb_next": "dynamic_code", "co_code": "dynamic_code", "_getframe": "dynamic_code",
-    "load_library": "extension_load_file",
+    "load_library": "extension_load_file", "from_file": "file_access",
+    # host-side computation the profiler never sees
+    "numpy": "host_compute", "tolist": "host_compute", "apply_": "host_compute", "map_": "host_compute",
+    "map2_": "host_compute", "storage": "host_compute", "untyped_storage": "host_compute",
+    "typed_storage": "host_compute", "_typed_storage": "host_compute", "_storage": "host_compute",
+    "to_dlpack": "host_compute", "from_dlpack": "host_compute", "dlpack": "host_compute",
+    # string annotations evaluated with eval(); building functions from raw code objects
+    "get_type_hints": "dynamic_code", "ForwardRef": "dynamic_code", "evaluate_forward_ref": "dynamic_code",
+    "get_annotations": "dynamic_code", "singledispatch": "dynamic_code", "singledispatchmethod": "dynamic_code",
+    "CodeType": "dynamic_code", "FunctionType": "dynamic_code", "LambdaType": "dynamic_code",
+    "ModuleType": "dynamic_code", "new_class": "dynamic_code", "attrgetter": "dynamic_code",
+    "methodcaller": "dynamic_code",
+    # global torch state, reached from any object
+    "set_num_threads": "global_torch_state", "set_num_interop_threads": "global_torch_state",
+    "set_detect_anomaly": "global_torch_state", "detect_anomaly": "global_torch_state",
+    "set_multithreading_enabled": "global_torch_state", "set_flush_denormal": "global_torch_state",
+    "set_default_dtype": "global_torch_state", "set_default_device": "global_torch_state",
+    "set_default_tensor_type": "global_torch_state", "manual_seed": "global_torch_state",
+    "manual_seed_all": "global_torch_state", "set_rng_state": "global_torch_state",
+    "use_deterministic_algorithms": "global_torch_state", "set_float32_matmul_precision": "global_torch_state",
+    "CUDAPluggableAllocator": "extension_load_file", "change_current_allocator": "extension_load_file",
+    "collect_env": "process_or_thread",
 }
+# attribute names of stdlib modules (and the aliases torch and the allowed modules import them under) that
+# are reachable as attributes: torch.os, torch.sys, torch.ctypes, torch.utils.cpp_extension.subprocess,
+# torch.nn.functional.np, typing.sys, collections._sys, enum.bltns. Leading/trailing underscores are ignored.
+_LEGIT_ATTR_NAMES = {"cuda", "select", "signal", "code", "trace", "csv", "site", "pwd", "grp", "tty", "sched", "main",
+                     "resource"}
+_MODULE_ATTR_RULES = {m.strip("_"): r for m, r in _MODULE_RULES.items()
+                      if m.strip("_") not in _LEGIT_ATTR_NAMES and r != "torch_compiler"}
+_MODULE_ATTR_RULES.update({
+    "bltns": "dynamic_code", "frozen_importlib": "dynamic_code", "frozen_importlib_external": "dynamic_code",
+    "sitebuiltins": "dynamic_code", "osp": "file_access", "posixpath": "file_access", "logging": "file_access",
+    "tokenize": "file_access", "pickletools": "file_access", "compat_pickle": "file_access",
+    "sysconfig": "file_access", "np": "library_fallback", "numpy": "host_compute", "mp": "process_or_thread",
+    "python_multiprocessing": "process_or_thread", "reducer": "process_or_thread", "reduction": "process_or_thread",
+    "setuptools": "process_or_thread", "torchgen": "process_or_thread", "platform": "process_or_thread",
+    "mock": "monkey_patching", "unittest": "monkey_patching", "time": "profiler_probe", "datetime": "profiler_probe",
+    "pynvml": "global_torch_state",
+})
+# first-level torch submodules: module objects that must not be laundered through containers or calls
+_TORCH_SUBMODULES = set("""nn autograd cuda utils ops backends profiler library jit fx testing distributed
+multiprocessing func functional linalg fft special sparse nested masked amp overrides hub package onnx export
+compiler cpu mps xpu musa random serialization storage types version distributions quantization ao signal futures
+monitor mtia accelerator classes _C _dynamo _inductor _refs _prims _ops _tensor _utils _library _subclasses
+_functorch _higher_order_ops _logging _guards _jit_internal _sources _streambase""".split())
 _ALLOWED_DUNDER_ATTRS = {"__init__", "__name__", "__qualname__", "__doc__", "__len__", "__call__", "__module__",
                          "__version__"}
 
@@ -153,33 +236,13 @@ _TORCH_TENSOR_CLASSES = {"torch.Tensor", "torch.nn.Parameter", "torch.nn.paramet
                          "torch._tensor.Tensor", "torch.nn.Buffer"}
 _NN_MODULE = {"torch.nn.Module", "torch.nn.modules.module.Module"}
 
-# native (C++/CUDA/MUSA) source patterns -> rule. `(?<![\w.>:])` keeps methods like x.clone( out.
-_NB = r"(?<![\w.>:$])"
-_NATIVE_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
-    (_NB + r"(fopen|freopen|fdopen|tmpfile|tmpnam|mkstemp|opendir|readdir|unlink|unlinkat|rmdir|mkdir|chmod|chown"
-     r"|truncate|ftruncate|open|openat|creat|rename|symlink|linkat)\s*\(", "file_access"),
-    (r"\b(std::)?(i|o)?fstream\b|\bfilesystem::|\bFILE\s*\*", "file_access"),
-    (r"#\s*include\s*[<\"]\s*(/|\.\.|~)", "file_access"),
-    (r"/proc/|/dev/(mem|kmem|shm)|/sys/", "file_access"),
-    (_NB + r"(socket|connect|bind|listen|accept|gethostbyname|getaddrinfo|sendto|recvfrom|sendmsg|recvmsg)\s*\(",
-     "network_access"),
-    (r"\bcurl_\w+", "network_access"),
-    (_NB + r"(system|popen|fork|vfork|execl|execlp|execle|execv|execvp|execvpe|execve|posix_spawnp?|clone|clone3"
-     r"|kill|raise|ptrace|prctl|signal|sigaction|setrlimit|unshare|setns)\s*\(", "process_or_thread"),
-    (r"\bstd::(thread|jthread|async)\b|\bpthread_create\b|#\s*pragma\s+omp\b|\bomp_set_num_threads\b"
-     r"|\bset_num_threads\b|-fopenmp\b|\bsys(call|enter)\b", "process_or_thread"),
-    (r"\b(dlopen|dlsym|dlmopen|dlvsym|LoadLibrary\w*)\b", "dynamic_code"),
-    (_NB + r"(mmap|mprotect|munmap|mremap|madvise|process_vm_readv|process_vm_writev)\s*\(", "dynamic_code"),
-    (r"\bPy(Import|Run|Eval|Sys|Module)_\w+|\bPyObject_(SetAttr|GetAttr|DelAttr|GenericSetAttr)\w*"
-     r"|\b(py|pybind11)::(module_?::import|exec|eval|eval_file|setattr|getattr|delattr|globals)\b", "dynamic_code"),
-    (r"\b(cuda|musa|hip)StreamCreate\w*|\bgetStreamFromPool\b|\bgetStreamFromExternal\b"
-     r"|\b(cuda|musa)StreamCreateWithPriority\b|\bcu(da)?StreamCreate\b|\bcuStreamCreate\w*", "stream_creation"),
-    (r"\bTORCH_LIBRARY_IMPL\b|\bTORCH_LIBRARY_FRAGMENT\b|\bTORCH_LIBRARY\s*\(\s*aten\b"
-     r"|\bc10::Dispatcher\b|\bregisterKernel\b", "monkey_patching"),
-    (r"##", "native_source"),
-    (r"\.(byte|word|quad|incbin|inst)\b|\bint\s+\$?0x80\b", "native_source"),
-]]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                ast.GeneratorExp)
+# builtins the analysis gives a meaning (getattr with a literal name is an attribute access): never rebound
+_ANALYZED_BUILTINS = ("getattr", "hasattr")
+_SHADOWED_MODULES = set(sys.stdlib_module_names) | set(_MODULE_RULES) | {
+    "torch", "triton", "torch_musa", "torchada", "safetensors", "numpy", "verifier", "pybind11", "typing_extensions"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,9 +283,20 @@ class _Analyzer:
         self.assign_count: dict[str, int] = {}
         self.assign_value: dict[str, ast.AST] = {}
         self.params: set[str] = set()
+        self._scopes: dict[ast.AST, tuple[set[str], set[str]]] = {}
+        self.self_attrs: set[str] = set()        # attribute names the candidate assigns on `self`
         self.classes: dict[str, ast.ClassDef] = {}
         self.native_texts: list[str] = []
+        self.native_flags: list[str] = []        # compiler/linker flag strings of load_inline calls
+        self.native_requests: list[tuple[str, Any]] = []   # (argument, folded value) of load_inline calls
+        # where each native text came from: (argument, Python line of the text's first line or None, call line)
+        self.native_origins: list[tuple[str, int | None, int | None]] = []
+        self.flag_lines: list[int | None] = []   # the load_inline call line of each entry of native_flags
+        # per load_inline call: (call line, end of its requests, texts and flags in the lists above)
+        self.inline_calls: list[tuple[int | None, int, int, int]] = []
         self.parents: dict[ast.AST, ast.AST] = {}
+        self.import_tops: set[str] = set()       # top-level modules the candidate imports
+        self.module_paths: set[str] = set()      # dotted names known to be modules (imported as such)
 
     # -- helpers -----------------------------------------------------------------------------
     def add(self, rule: str, message: str, node: ast.AST | None = None) -> None:
@@ -246,8 +320,8 @@ class _Analyzer:
         return None
 
     @staticmethod
-    def _is_literal_getattr(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+    def _is_literal_getattr(node: ast.AST, name: str = "getattr") -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
                 and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                 and isinstance(node.args[1].value, str))
 
@@ -259,6 +333,9 @@ class _Analyzer:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
+                    self.import_tops.add(a.name.split(".")[0])
+                    parts = a.name.split(".")
+                    self.module_paths.update(".".join(parts[:i + 1]) for i in range(len(parts)))
                     if a.asname:
                         self.aliases[a.asname] = a.name
                         self.module_aliases.add(a.asname)
@@ -268,6 +345,10 @@ class _Analyzer:
                         self.module_aliases.add(top)
             elif isinstance(node, ast.ImportFrom):
                 mod = "." * node.level + (node.module or "")
+                if mod:
+                    self.import_tops.add(mod.split(".")[0])
+                    parts = mod.split(".")
+                    self.module_paths.update(".".join(parts[:i + 1]) for i in range(len(parts)))
                 for a in node.names:
                     self.aliases[a.asname or a.name] = f"{mod}.{a.name}" if mod else a.name
             elif isinstance(node, ast.ClassDef):
@@ -279,6 +360,9 @@ class _Analyzer:
                         self.params.add(a.arg)
             for target in self._bound_names(node):
                 self.assign_count[target] = self.assign_count.get(target, 0) + 1
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                self.self_attrs.add(node.attr)
         for node in ast.walk(self.tree):
             if (isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -301,11 +385,80 @@ class _Analyzer:
             targets = [node.target]
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
+        # every other way a statement binds a name counts too: `class src(str, Enum)` or `case src:` after
+        # `src = "..."` would hand load_inline another source than the one folded and scanned
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out += [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.append(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            out.append(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            out.append(node.rest)
+        elif type(node).__name__ == "TypeAlias":
+            targets = [node.name]
         for t in targets:
             for n in ast.walk(t):
-                if isinstance(n, ast.Name):
-                    out.append(n.id)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                    out.append(n.id)   # not `self` in `self.x = ...`, nor `a` in `a[0] = ...` (see _check_container)
         return out
+
+    # -- scopes: is a builtin's name shadowed where it is used? ----------------------------------
+    def scope_info(self, scope: ast.AST) -> tuple[set[str], set[str]]:
+        """(names bound locally, names declared global) of a function, lambda or comprehension scope."""
+        cached = self._scopes.get(scope)
+        if cached is not None:
+            return cached
+        bound: set[str] = set()
+        declared: set[str] = set()
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = scope.args
+            bound.update(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x)
+            stack = list(scope.body) if isinstance(scope.body, list) else [scope.body]
+            while stack:
+                n = stack.pop()
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    bound.add(n.name)
+                    continue
+                if isinstance(n, _SCOPE_NODES):
+                    continue   # a nested scope (a walrus in a comprehension binds here: ignoring it is stricter)
+                if isinstance(n, (ast.Global, ast.Nonlocal)):
+                    declared.update(n.names)
+                elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                    bound.add(n.id)
+                else:
+                    bound.update(self._bound_names(n))
+                stack.extend(ast.iter_child_nodes(n))
+        else:
+            for g in scope.generators:
+                bound.update(n.id for n in ast.walk(g.target) if isinstance(n, ast.Name))
+        self._scopes[scope] = (bound, declared)
+        return bound, declared
+
+    def shadowed(self, node: ast.Name) -> bool:
+        """Whether ``node`` refers to a local of an enclosing function scope rather than to a builtin. Module and
+        class bindings do not count: an unexecuted one (``if 0: exec = 1``) falls back to the builtin, and
+        defaults, decorators and the first iterable of a comprehension are evaluated outside their scope."""
+        child, parent, came_from_iter = node, self.parents.get(node), False
+        while parent is not None:
+            inside = False
+            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside = any(child is stmt for stmt in parent.body)
+            elif isinstance(parent, ast.Lambda):
+                inside = child is parent.body
+            elif isinstance(parent, _SCOPE_NODES):
+                inside = not (parent.generators and child is parent.generators[0] and came_from_iter)
+            if inside:
+                bound, declared = self.scope_info(parent)
+                if node.id in declared:
+                    return False
+                if node.id in bound:
+                    return True
+            came_from_iter = isinstance(parent, ast.comprehension) and child is parent.iter
+            child, parent = parent, self.parents.get(parent)
+        return False
 
     # -- constant folding of load_inline arguments --------------------------------------------
     def fold(self, node: ast.AST, depth: int = 0) -> Any:
@@ -338,7 +491,10 @@ class _Analyzer:
         if isinstance(node, ast.Name):
             if (self.assign_count.get(node.id) == 1 and node.id in self.assign_value
                     and node.id not in self.params):
-                return self.fold(self.assign_value[node.id], depth + 1)
+                value = self.assign_value[node.id]
+                if isinstance(value, (ast.List, ast.Tuple, ast.Dict, ast.Set)):
+                    self._check_container(node.id)
+                return self.fold(value, depth + 1)
             raise _NotFoldable(f"name {node.id!r} is not bound once to a literal")
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
                 and len(node.args) == 1 and not node.keywords):
@@ -346,6 +502,41 @@ class _Analyzer:
             if isinstance(sep, str) and isinstance(items, list) and all(isinstance(i, str) for i in items):
                 return sep.join(items)
         raise _NotFoldable(type(node).__name__)
+
+    def _check_container(self, name: str) -> None:
+        """A list folded for load_inline is the very object load_inline gets: ``flags.append("-fopenmp")`` or
+        ``srcs[0] = ...`` would compile what was never scanned. Every read of its name must copy it with
+        literals only (``a + ["-g"]``, ``"".join(a)``, an f-string: no object of the candidate's sees the list,
+        as an ``__radd__`` or a ``join`` method would) or pass it to torch's load_inline."""
+        for n in ast.walk(self.tree):
+            if not (isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)):
+                continue
+            parent = self.parents.get(n)
+            if isinstance(parent, ast.FormattedValue) and parent.value is n:
+                continue
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Add, ast.Mult)):
+                other = parent.right if parent.left is n else parent.left
+                try:
+                    self.fold(other)
+                    continue
+                except _NotFoldable:
+                    pass
+            if (isinstance(parent, ast.Call) and len(parent.args) == 1 and parent.args[0] is n
+                    and isinstance(parent.func, ast.Attribute) and parent.func.attr == "join"
+                    and isinstance(parent.func.value, ast.Constant) and isinstance(parent.func.value.value, str)):
+                continue
+            if isinstance(parent, ast.keyword):
+                parent = self.parents.get(parent)
+            if isinstance(parent, ast.Call) and n is not parent.func and self._is_load_inline_call(parent):
+                continue
+            raise _NotFoldable(f"list {name!r} is used elsewhere (line {n.lineno}); it could change before the build")
+
+    def _is_load_inline_call(self, call: ast.Call) -> bool:
+        """A call of torch's (or torch_musa's) load_inline, through a name nothing else rebinds."""
+        func = call.func
+        if self.qual(func) not in LOAD_INLINE_APIS:
+            return False
+        return not isinstance(func, ast.Name) or self.assign_count.get(func.id, 0) <= 1
 
     @staticmethod
     def _strings(value: Any) -> Iterable[str]:
@@ -368,6 +559,7 @@ class _Analyzer:
             folded[f"arg{i}"] = a
         for k in call.keywords:
             folded[k.arg] = k.value
+        call_line = getattr(call, "lineno", None)
         for key, node in folded.items():
             try:
                 value = self.fold(node)
@@ -382,30 +574,114 @@ class _Analyzer:
                     self.add("native_source", f"load_inline functions must be identifiers, got {bad[:3]!r}", node)
             if key in ("name", "arg0") and not (isinstance(value, str) and _IDENT.match(value)):
                 self.add("native_source", f"load_inline name must be an identifier, got {value!r}", node)
-            self.native_texts.extend(self._strings(value))
+            elif key in ("name", "arg0") and value.split(".")[0] in _SHADOWED_MODULES:
+                # the child attributes calls to the extension by its module name
+                self.add("native_source", f"load_inline name {value!r} is the name of a module", node)
+            self.native_requests.append((key, value))
+            strings = list(self._strings(value))
+            if isinstance(value, list) and any(t.lstrip().startswith(("-", "@")) for t in strings):
+                # a flag list (extra_cflags, extra_ldflags, ... in any position), arguments of flags included
+                # (["-l", "torch_x"], ["-D", "X=system"])
+                self.native_flags.append(" ".join(strings))
+                self.flag_lines.append(call_line)
+                continue
+            elements = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
+            origins = [self._text_line(e) for e in elements] if len(elements) == len(strings) else []
+            for i, text in enumerate(strings):
+                if text.lstrip().startswith(("-", "@")):
+                    self.native_flags.append(text)
+                    self.flag_lines.append(call_line)
+                else:
+                    self.native_texts.append(text)
+                    self.native_origins.append((key, origins[i] if origins else None, call_line))
+        self.inline_calls.append((call_line, len(self.native_requests), len(self.native_texts), len(self.native_flags)))
+
+    def _text_line(self, node: ast.AST, depth: int = 0) -> int | None:
+        """Python line of the first line of the string ``node`` folds to, when it is one literal (or a name
+        bound once to one): native line k of the text is then Python line (this + k - 1)."""
+        if depth > 20:
+            return None
+        if isinstance(node, (ast.Constant, ast.JoinedStr)):
+            return getattr(node, "lineno", None)
+        if isinstance(node, ast.Name) and self.assign_count.get(node.id) == 1 and node.id in self.assign_value:
+            return self._text_line(self.assign_value[node.id], depth + 1)
+        return None
+
+    def native_violation(self, f: "NativeFinding") -> Violation:
+        """A native finding as the model will read it: the construct, where it is, and what to do instead."""
+        desc = SECURITY_RULES.get(f.rule) or POLICY_RULES[f.rule]
+        line, where = None, ""
+        if f.source is not None and f.source < len(self.native_origins):
+            key, base, call_line = self.native_origins[f.source]
+            arg = key if not key.startswith("arg") else f"argument {int(key[3:]) + 1}"
+            if base is not None and f.line is not None:
+                line, where = base + f.line - 1, f" in the `{arg}` of load_inline"
+            else:
+                line = call_line
+                where = f" in the `{arg}` of this load_inline call" + (f" (line {f.line} of that source)"
+                                                                          if f.line else "")
+        elif f.source is None:
+            token = f.evidence.split("`")[1] if f.evidence.count("`") >= 2 else ""
+            line = next((ln for fl, ln in zip(self.native_flags, self.flag_lines) if token and token in fl),
+                        self.flag_lines[0] if self.flag_lines else None)
+            where = " in the flags of this load_inline call" if "compiler flag" not in f.evidence else ""
+        text = f"native code{where} contains {f.evidence} ({desc})"
+        if f.hint:
+            text += f"; {f.hint}"
+        return Violation(f.rule, text, line)
 
     # -- pass 2: rules -----------------------------------------------------------------------
     def check_qualified(self, q: str, node: ast.AST) -> None:
         parts = q.split(".")
+        for i in range(1, len(parts)):
+            if parts[i] in ("torch", "triton"):   # F.torch.utils...: torch re-exported as an attribute
+                self.check_qualified(".".join(parts[i:]), node)
+                break
         for prefix, rule in _QUALIFIED_RULES:
             pp = prefix.split(".")
             if parts[:len(pp)] == pp:
                 self.add(rule, f"`{q}` is not allowed ({SECURITY_RULES.get(rule) or POLICY_RULES[rule]})", node)
                 return
         if parts[0] == "torch" and len(parts) > 1:
-            if parts[1].startswith("set_") and parts[1] not in _HARMLESS_TORCH_SETTERS:
+            if len(parts) > 2 and parts[1] == "utils":
+                allowed = _TORCH_UTILS_ALLOWED.get(parts[2])
+                if allowed is None or (len(parts) > 3 and parts[3] not in allowed):
+                    rule = _TORCH_UTILS_RULES.get(parts[2], "dynamic_code")
+                    self.add(rule, f"`{q}` is not allowed (a kernel needs only torch.utils.cpp_extension."
+                                   f"load_inline from torch.utils)", node)
+                    return
+            if any(p.startswith("set_") and p not in _HARMLESS_TORCH_SETTERS for p in parts[1:]):
                 self.add("global_torch_state", f"`{q}` changes global torch state", node)
-            elif any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            elif any(p.startswith("_") and not p.startswith("__") for p in parts[1:]) and not any(
+                    ".".join(parts[:k]) in _HARMLESS_TORCH_PRIVATE and not any(p.startswith("_") for p in parts[k:])
+                    for k in (4, 5)):
                 self.add("torch_private_api", f"`{q}` is a private torch API", node)
             elif "profiler" in parts:
                 self.add("profiler_probe", f"`{q}` inspects the profiler", node)
+        elif parts[0] in _STDLIB_ROOTS and parts[0] in self.import_tops and any(
+                p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts[1:]):
+            self.add("dynamic_code", f"`{q}` is a private name of `{parts[0]}`", node)
+
+    def own_self_attribute(self, node: ast.AST) -> bool:
+        """``self.NAME`` where the candidate assigns ``self.NAME`` itself (and never rebinds ``self``): the value
+        is one of its own (a module put there would have been caught where it was taken)."""
+        return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and node.attr in self.self_attrs and "self" not in self.aliases and "self" not in self.assign_count)
 
     def check_attribute_name(self, attr: str, node: ast.AST, q: str | None) -> None:
-        rule = _ATTR_RULES.get(attr)
+        rule = _ATTR_RULES.get(attr) or _MODULE_ATTR_RULES.get(attr.strip("_"))
+        if rule and attr not in _ATTR_RULES and self.own_self_attribute(node):
+            rule = None   # self.reduction, self.thread, self.types: the name of a stdlib module, not one
+        if rule is None and attr.startswith("register_module_"):
+            rule = "monkey_patching"   # module-wide hooks fire inside the reference's forward too
+        if rule is None and "profiler" in attr.lower():
+            rule = "profiler_probe"
         if rule:
             self.add(rule, f"attribute `{attr}` is not allowed ({SECURITY_RULES[rule]})", node)
         if attr.startswith("__") and attr.endswith("__") and attr not in _ALLOWED_DUNDER_ATTRS and not rule:
-            self.add("dynamic_code", f"dunder attribute `{attr}` is not allowed", node)
+            self.add("dynamic_code", f"dunder attribute `{attr}` is not allowed (dunders reach interpreter internals; "
+                                     f"allowed: {', '.join(sorted(_ALLOWED_DUNDER_ATTRS))}; use type(obj) instead "
+                                     "of obj.__class__)", node)
         if attr == "Model":
             self.add("reference_model", "the reference `Model` must not be used", node)
         if attr == "modules" and q and q.split(".")[0] == "sys":
@@ -426,9 +702,11 @@ class _Analyzer:
         self.check_qualified(module, node)
         if top not in self.allowed_imports:
             self.add("import_not_allowed", f"import of `{module}` is not in the allowed list "
-                                           f"({', '.join(sorted(self.allowed_imports))})", node)
+                                           f"({', '.join(sorted(self.allowed_imports))}); remove it", node)
 
     def check_assign_target(self, target: ast.AST, node: ast.AST) -> None:
+        if getattr(node, "lineno", None) is None:
+            node = target      # a comprehension's `for` clause has no line of its own
         if isinstance(target, (ast.Tuple, ast.List)):
             for e in target.elts:
                 self.check_assign_target(e, node)
@@ -445,10 +723,55 @@ class _Analyzer:
             if root.id in self.aliases or root.id in _MODULE_RULES or root.id in ("torch", "F", "nn", "math"):
                 q = self.qual(target) or root.id
                 self.add("monkey_patching", f"assignment to `{q}` patches a module or library object", node)
+            elif self._has_attribute_step(target):
+                # `m = [torch][0]; m.autograd.profiler.profile = X` would patch torch through a local name
+                self.add("monkey_patching", f"assignment to an attribute of `{root.id}` (attributes may be set "
+                                            "only on self, ctx, cls or the candidate's own classes; keep the value "
+                                            "in a variable or on self, or call a method such as "
+                                            "requires_grad_(False))", node)
             return
         if isinstance(root, ast.Call) and isinstance(root.func, ast.Name) and root.func.id == "super":
             return
         self.add("monkey_patching", "assignment to an attribute of a computed object is not allowed", node)
+
+    @staticmethod
+    def _has_attribute_step(target: ast.AST) -> bool:
+        """Whether a store target sets an attribute somewhere (``m.x = ``, ``m.x[0] = ``), not only items."""
+        node = target
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            if isinstance(node, ast.Attribute):
+                return True
+            node = node.value
+        return False
+
+    def check_module_value(self, node: ast.AST, q: str) -> None:
+        """A module object may be the root of an attribute chain, a call or a plain alias (``F = torch.nn``);
+        anywhere else (a container, an argument, a return value, a conditional) it escapes name resolution."""
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return
+        if isinstance(parent, ast.Call) and parent.func is node:
+            return
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node:
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                return
+        if self._is_literal_getattr(parent) and parent.args[0] is node:
+            return
+        if self._is_literal_getattr(parent, "hasattr") and parent.args[0] is node:
+            return   # hasattr(torch, "musa"): feature detection, the answer is a bool
+        if isinstance(parent, (ast.Import, ast.ImportFrom, ast.alias)):
+            return
+        self.add("dynamic_code", f"module `{q}` used as a value (modules may only be accessed by name)", node)
+
+    def is_module(self, node: ast.AST, q: str | None) -> bool:
+        if not q:
+            return False
+        if isinstance(node, ast.Name) and (node.id in self.module_aliases
+                                           or (node.id in self.aliases and self.aliases[node.id] in self.module_paths)):
+            return True
+        parts = q.split(".")
+        return q in self.module_paths or (len(parts) == 2 and parts[0] == "torch" and parts[1] in _TORCH_SUBMODULES)
 
     def check_class(self, node: ast.ClassDef) -> None:
         for kw in node.keywords:
@@ -481,6 +804,12 @@ class _Analyzer:
 
     def run(self) -> None:
         self.collect()
+        for node in ast.walk(self.tree):
+            names = self._bound_names(node) + ([node.arg] if isinstance(node, ast.arg) else [])
+            for name in _ANALYZED_BUILTINS:
+                if name in names:
+                    self.add("dynamic_code", f"`{name}` must not be redefined or rebound (the checks rely on "
+                                             "the builtin); give yours another name", node)
         used_names = set()
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
@@ -501,10 +830,16 @@ class _Analyzer:
                 self.check_class(node)
             elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
                 self.add("try_except", "try/except is not allowed (no fallback paths around the kernel)", node)
-            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor,
+                                   ast.comprehension)):
+                # for/comprehension targets assign too: `for torch.relu in [f]: pass`
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     self.check_assign_target(t, node)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        self.check_assign_target(item.optional_vars, node)
             elif isinstance(node, ast.Delete):
                 for t in node.targets:
                     self.check_assign_target(t, node)
@@ -514,9 +849,12 @@ class _Analyzer:
             elif isinstance(node, ast.Name):
                 used_names.add(node.id)
                 rule = _BUILTIN_RULES.get(node.id)
-                locally_bound = node.id in self.params or node.id in self.assign_count
+                locally_bound = (rule is not None or node.id in _ANALYZED_BUILTINS) and self.shadowed(node)
                 if rule and isinstance(node.ctx, ast.Load) and (not locally_bound or node.id == "Model"):
                     self.add(rule, f"`{node.id}` is not allowed ({SECURITY_RULES[rule]})", node)
+                if node.id in _ANALYZED_BUILTINS and not isinstance(node.ctx, ast.Load):
+                    self.add("dynamic_code", f"`{node.id}` must not be redefined or rebound (the checks rely on "
+                                             "the builtin); give yours another name", node)
                 if node.id in ("getattr", "hasattr") and isinstance(node.ctx, ast.Load) and not locally_bound:
                     parent = self.parents.get(node)
                     if not (isinstance(parent, ast.Call) and parent.func is node):
@@ -525,23 +863,36 @@ class _Analyzer:
                     q = self.aliases.get(node.id)
                     if q and q != node.id:
                         self.check_qualified(q, node)
+                    if self.is_module(node, q or node.id):
+                        self.check_module_value(node, q or node.id)
             elif isinstance(node, ast.Attribute):
                 q = self.qual(node)
                 self.check_attribute_name(node.attr, node, q)
                 if q:
                     self.check_qualified(q, node)
+                    if isinstance(node.ctx, ast.Load) and self.is_module(node, q):
+                        self.check_module_value(node, q)
             elif isinstance(node, ast.Call):
                 self.check_call(node)
         for name, (module, line) in self.tolerated.items():
             if name in used_names:
                 rule = _MODULE_RULES[module]
-                self.violations.append(Violation(rule, f"`{module}` is used ({SECURITY_RULES[rule]})", line))
-        for text in self.native_texts:
-            for pattern, rule in _NATIVE_PATTERNS:
-                m = pattern.search(text)
-                if m:
-                    self.add(rule, f"native source contains `{m.group(0).strip()}` "
-                                   f"({SECURITY_RULES.get(rule) or POLICY_RULES[rule]})")
+                self.violations.append(Violation(rule, f"`{module}` is imported here and used "
+                                                       f"({SECURITY_RULES[rule]}); remove the import and its uses",
+                                                 line))
+        start = (0, 0, 0)
+        seen_rules = set()
+        for call_line, r_end, t_end, f_end in self.inline_calls:
+            for what in toolchain_mismatches(self.native_requests[start[0]:r_end], self.native_texts[start[1]:t_end],
+                                             self.native_flags[start[2]:f_end], self.backend):
+                if ("toolchain_mismatch", what) not in seen_rules:
+                    seen_rules.add(("toolchain_mismatch", what))
+                    self.violations.append(Violation("toolchain_mismatch", f"load_inline asks for {what}", call_line))
+            start = (r_end, t_end, f_end)
+        for finding in native_findings(self.native_texts, self.native_flags, self.backend):
+            if (finding.rule, finding.evidence) not in seen_rules:
+                seen_rules.add((finding.rule, finding.evidence))
+                self.violations.append(self.native_violation(finding))
 
     def check_call(self, node: ast.Call) -> None:
         func = node.func
@@ -564,10 +915,20 @@ class _Analyzer:
                 self.add("dynamic_code", "type(name, bases, dict) creates classes dynamically", node)
             elif func.id in ("hasattr",) and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant):
                 self.add("dynamic_code", "hasattr with a computed attribute name is not allowed", node)
+            elif self._is_literal_getattr(node, "hasattr"):
+                base = self.qual(node.args[0])
+                self.check_attribute_name(node.args[1].value, node, base)
+                if base:
+                    self.check_qualified(f"{base}.{node.args[1].value}", node)
             elif func.id == "super" and node.args:
                 q0 = self.qual(node.args[0]) or ""
                 if q0.split(".")[-1] == "Model":
                     self.add("reference_model", "super(Model, ...) reaches the reference", node)
+        if q and q.split(".")[-1] == "set_grad_enabled" and isinstance(self.parents.get(node), ast.Expr) and not (
+                len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value is False):
+            # as a statement it switches autograd on for everything after it, the reference's timed runs too
+            self.add("global_torch_state", f"`{q}(...)` as a statement changes global autograd state "
+                                           "(use it as a context manager)", node)
 
     def load_inline_references(self) -> None:
         """load_inline must only be called directly (never aliased or passed around)."""
@@ -585,6 +946,36 @@ class _Analyzer:
             self.add("native_source", "load_inline must be called directly, not aliased or passed around", node)
 
 
+def _is_main_guard(node: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` (either operand order) with no ``else``."""
+    if not (isinstance(node, ast.If) and not node.orelse and isinstance(node.test, ast.Compare)
+            and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, node.test.comparators[0]]
+    names = [x for x in sides if isinstance(x, ast.Name) and x.id == "__name__"]
+    consts = [x for x in sides if isinstance(x, ast.Constant) and x.value == "__main__"]
+    return len(names) == 1 and len(consts) == 1
+
+
+def _without_main_block(tree: ast.Module) -> ast.Module:
+    """The module without its top-level ``if __name__ == "__main__":`` blocks. The harness imports a candidate
+    as ``kernel_candidate``, so such a block (LLMs often add a smoke test with seeds, timers and the reference
+    Model) never runs; it is dropped only while nothing in the file can rebind ``__name__``."""
+    guards = [n for n in tree.body if _is_main_guard(n)]
+    if not guards:
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "__name__" and not isinstance(node.ctx, ast.Load):
+            return tree
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and "__name__" in node.names:
+            return tree
+        if isinstance(node, ast.arg) and node.arg == "__name__":
+            return tree
+        if "__name__" in _Analyzer._bound_names(node):
+            return tree
+    return ast.Module(body=[n for n in tree.body if not _is_main_guard(n)], type_ignores=tree.type_ignores)
+
+
 def check_source(code: str, backend: str = "cpu", *, enforce_policy: bool = True,
                  disabled_rules: Iterable[str] = (), allowed_imports: Iterable[str] | None = None) -> list[Violation]:
     """All rule violations of a candidate (empty list: it may be built and run)."""
@@ -594,9 +985,15 @@ def check_source(code: str, backend: str = "cpu", *, enforce_policy: bool = True
         tree = ast.parse(code)
     except (SyntaxError, ValueError) as e:
         return [Violation("native_source", f"code does not parse: {e}")]
+    except (RecursionError, MemoryError):
+        return [Violation("dynamic_code", "code is too deeply nested to check")]
+    tree = _without_main_block(tree)
     analyzer = _Analyzer(tree, backend, DEFAULT_ALLOWED_IMPORTS if allowed_imports is None else allowed_imports)
-    analyzer.run()
-    analyzer.load_inline_references()
+    try:
+        analyzer.run()
+        analyzer.load_inline_references()
+    except (RecursionError, MemoryError):   # a pathological expression must be a verdict, not a harness error
+        return [Violation("dynamic_code", "code is too deeply nested to check")]
     disabled = set(disabled_rules)
     out = []
     for v in analyzer.violations:
