@@ -104,10 +104,12 @@ def _wgrad_fusion_step():
     (m0, w0), (m1, w1) = results[False], results[True]
     assert m0["loss"] == m1["loss"]                                 # same forward
     assert abs(m0["grad_norm"] - m1["grad_norm"]) <= 1e-2 * m0["grad_norm"], (m0["grad_norm"], m1["grad_norm"])
-    moved = max((w0[k] - ref_w).abs().max().item() for k, ref_w in ref.hf_state(hf).items() if k in w0
-                for ref_w in [ref_w.float().cuda()])
-    diff = max((w0[k] - w1[k]).abs().max().item() for k in w0)
-    assert diff <= 0.1 * moved, (diff, moved)
+    # Norms over all weights, not maxima: the exported weights are bf16, so a last-bit difference in
+    # one fp32 master weight can flip its rounding by a whole bf16 ulp (~1e-3 here, as large as the step).
+    start = {k: t.float().cuda() for k, t in ref.hf_state(hf).items() if k in w0}
+    moved = sum(((w0[k] - start[k]) ** 2).sum().item() for k in start) ** 0.5
+    diff = sum(((w0[k] - w1[k]) ** 2).sum().item() for k in start) ** 0.5
+    assert moved > 0 and diff <= 0.1 * moved, (diff, moved)
 
 
 def test_wgrad_fusion_trains_like_the_unfused_path():
