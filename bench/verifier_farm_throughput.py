@@ -266,12 +266,13 @@ def _tasks_by_stem(profile: str) -> dict[str, Any]:
 
 
 def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_workers: int,
-             progress: Any = None, every_s: float = 20.0) -> dict[str, Any]:
+             progress: Any = None, every_s: float = 20.0, workers_per_device: int = 3) -> dict[str, Any]:
     """All candidates through one farm; ``progress(done, total, stats, elapsed_s)`` every ``every_s``."""
     import concurrent.futures as cf
 
     from verifier.farm import FarmConfig, VerifierFarm
-    farm = VerifierFarm(cfg, FarmConfig(compile_workers=compile_workers, result_cache=False))
+    farm = VerifierFarm(cfg, FarmConfig(compile_workers=compile_workers, result_cache=False,
+                                        workers_per_device=workers_per_device))
     try:
         t0 = time.perf_counter()
         futures = farm.submit_batch([(tasks[c.task_stem], c.response) for c in cands])
@@ -287,6 +288,27 @@ def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_wo
     finally:
         farm.close()
     return {"results": results, "wall_s": wall, "stats": stats}
+
+
+def warm_page_cache() -> dict[str, Any]:
+    """Read the headers and compiler binaries every build uses, so that neither the serial baseline (which
+    runs first on a fresh machine) nor the farm pays for cold disk reads the other does not."""
+    from torch.utils import cpp_extension
+    roots = list(cpp_extension.include_paths("cuda"))
+    if cpp_extension.CUDA_HOME:
+        roots += [os.path.join(cpp_extension.CUDA_HOME, d) for d in ("bin", "nvvm", "include")]
+    roots += ["/usr/lib/gcc"]                                  # cc1plus
+    t0, n = time.perf_counter(), 0
+    for root in dict.fromkeys(roots):
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                try:
+                    with open(os.path.join(dirpath, name), "rb") as f:
+                        while chunk := f.read(1 << 22):
+                            n += len(chunk)
+                except OSError:
+                    pass
+    return {"bytes": n, "seconds": round(time.perf_counter() - t0, 2), "roots": list(dict.fromkeys(roots))}
 
 
 def run_serial(cands: list[Candidate], tasks: dict[str, Any], cfg: Any) -> dict[str, Any]:
@@ -322,11 +344,13 @@ def timing_repeats(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, repe
     from verifier.build import build_candidate
     from verifier.evaluate import run_candidate
     from verifier.extract import extract_candidate
+    import concurrent.futures as cf
+    codes = [extract_candidate(c.response, cfg.max_response_bytes) for c in cands]
+    with cf.ThreadPoolExecutor(max(1, len(cands))) as pool:   # cached when the farm built them; else in parallel
+        builds = list(pool.map(lambda cc: build_candidate(tasks[cc[0].task_stem], cc[1], cfg), zip(cands, codes)))
     per = []
-    for c in cands:
+    for c, code, build in zip(cands, codes, builds):
         task = tasks[c.task_stem]
-        code = extract_candidate(c.response, cfg.max_response_bytes)
-        build = build_candidate(task, code, cfg)
         runs = [run_candidate(task, code, build, cfg, device_index=0) for _ in range(repeats)]
         sp = [r.speedup for r in runs if r.speedup is not None]
         entry = {"task": c.task_stem, "categories": [r.category.value for r in runs], "speedups": sp,
@@ -411,12 +435,14 @@ def main() -> int:
     ap.add_argument("--serial-candidates", type=int, default=3,
                     help="candidates in the serial baseline (the start of the same generated mix); its throughput is a rate")
     ap.add_argument("--compile-workers", type=int, default=16)
+    ap.add_argument("--workers-per-device", type=int, default=3,
+                    help="device-stage workers sharing the GPU (they take turns to time)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--stability-candidates", type=int, default=2)
     ap.add_argument("--size-profile", default="gpu")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--skip", nargs="*", default=[], choices=["serial", "farm", "stability", "do_bench"],
-                    help="phases to leave out (stability and do_bench need the farm)")
+                    help="phases to leave out (without the farm, stability and do_bench build their candidates themselves)")
     ap.add_argument("--no-landlock", action="store_true",
                     help="run sandboxed children without Landlock (VerifierConfig.landlock=False)")
     ap.add_argument("--work-dir", default=None, help="build caches go here (default: a temporary folder)")
@@ -454,6 +480,7 @@ def main() -> int:
 
     # (b) serial first, on its own cache, so nothing it compiles is reused by the farm
     farm_cands = make_candidates(args.num_candidates, f"f{run_id}")
+    report["page_cache_warmup"] = warm_page_cache()
     if "serial" not in args.skip:
         phase(f"serial baseline: {args.serial_candidates} candidates")
         serial_cands = make_candidates(args.serial_candidates, f"s{run_id}")
@@ -468,40 +495,51 @@ def main() -> int:
             report["farm_progress"] = {"done": done, "total": total, "elapsed_s": round(elapsed, 1),
                                        "compile_busy_fraction": round(stats["compile"]["busy_fraction"], 3),
                                        "device_busy_fraction": round(stats["device"]["busy_fraction"], 3),
+                                       "device_occupied_fraction":
+                                           round(stats["device"]["device_occupied_fraction"], 3),
                                        "categories": stats.get("categories")}
             phase(f"farm: {done}/{total} verdicts after {elapsed:.0f} s (compile busy "
-                  f"{stats['compile']['busy_fraction']:.2f}, device busy {stats['device']['busy_fraction']:.2f})")
+                  f"{stats['compile']['busy_fraction']:.2f}, device workers busy "
+                  f"{stats['device']['busy_fraction']:.2f}, GPU occupied "
+                  f"{stats['device']['device_occupied_fraction']:.2f})")
 
-        f = run_farm(farm_cands, tasks, cfg_for("farm"), args.compile_workers, progress=farm_progress)
+        f = run_farm(farm_cands, tasks, cfg_for("farm"), args.compile_workers, progress=farm_progress,
+                     workers_per_device=args.workers_per_device)
         st = f["stats"]
         report["farm"] = {"candidates": len(farm_cands), "wall_s": f["wall_s"],
                           "throughput_cand_per_s": len(farm_cands) / f["wall_s"],
                           "compile_workers": st["compile"]["workers"], "device_workers": st["device"]["workers"],
+                          "workers_per_device": args.workers_per_device,
                           "device_busy_fraction": st["device"]["busy_fraction"],
+                          "device_occupied_fraction": st["device"]["device_occupied_fraction"],
                           "compile_busy_fraction": st["compile"]["busy_fraction"],
                           "retries": st["retries"], "infra": st["infra_final"], **_verdicts(farm_cands, f["results"])}
         if "serial" in report:
             report["throughput_ratio_farm_over_serial"] = (report["farm"]["throughput_cand_per_s"]
                                                            / report["serial"]["throughput_cand_per_s"])
-        # (c) stability and (d) do_bench agreement on correct candidates that passed in the farm
+    # (c) stability and (d) do_bench agreement on correct candidates that passed in the farm (without a farm
+    # phase: the mix's correct candidates, built here)
+    if "farm" in report:
         passed = [c for c, r in zip(farm_cands, f["results"]) if c.kind == "correct" and r.category.value == "pass"]
-        seen, chosen = set(), []
-        for c in passed:
-            if c.task_stem not in seen:
-                seen.add(c.task_stem)
-                chosen.append(c)
-        chosen = chosen[:args.stability_candidates]
-        if "stability" not in args.skip and chosen:
-            phase(f"stability: {len(chosen)} candidates x {args.repeats}")
-            rep = timing_repeats(chosen, tasks, cfg_for("farm"), args.repeats)
-            raw = rep.pop("_raw")
-            report["speedup_stability"] = rep
-            if "do_bench" not in args.skip:
-                phase("do_bench agreement")
-                try:
-                    report["do_bench_agreement"] = do_bench_agreement(raw, tasks, cfg_for("farm"))
-                except ImportError as e:
-                    report["do_bench_agreement"] = {"error": f"triton not available: {e}"}
+    else:
+        passed = [c for c in farm_cands if c.kind == "correct"]
+    seen, chosen = set(), []
+    for c in passed:
+        if c.task_stem not in seen:
+            seen.add(c.task_stem)
+            chosen.append(c)
+    chosen = chosen[:args.stability_candidates]
+    if "stability" not in args.skip and chosen:
+        phase(f"stability: {len(chosen)} candidates x {args.repeats}")
+        rep = timing_repeats(chosen, tasks, cfg_for("farm"), args.repeats)
+        raw = rep.pop("_raw")
+        report["speedup_stability"] = rep
+        if "do_bench" not in args.skip:
+            phase("do_bench agreement")
+            try:
+                report["do_bench_agreement"] = do_bench_agreement(raw, tasks, cfg_for("farm"))
+            except ImportError as e:
+                report["do_bench_agreement"] = {"error": f"triton not available: {e}"}
     phase("done")
     report["total_wall_s"] = time.perf_counter() - t_start
     report["complete"] = True

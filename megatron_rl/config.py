@@ -105,7 +105,8 @@ class FarmSection:
 
     backend: str = "process"             # process: pools inside the rollout manager | ray: Ray actors
     compile_workers: int | None = None   # None: all cores
-    device_workers: int | None = None    # None: one per GPU / cpu_device_workers on CPU
+    device_workers: int | None = None    # None: workers_per_device per GPU / cpu_device_workers on CPU
+    workers_per_device: int = 3          # device workers sharing a GPU; they take turns to time
     cpu_device_workers: int = 1
     max_in_flight: int = 512
     max_retries: int = 2                 # infra retries
@@ -296,7 +297,8 @@ _AT_LEAST = {
     "train.steps": 1, "train.save_interval": 0, "train.max_failed_steps": 1, "train.max_oversample_rounds": 0,
     "train.kill_at_step": 0, "cluster.actor_world_size": 1, "cluster.rollout_gpus": 0, "cluster.num_cpus": 1,
     "rollout.num_engines": 1, "rollout.gpus_per_engine": 1, "rollout.sync_bucket_mb": 1,
-    "farm.compile_workers": 1, "farm.device_workers": 1, "farm.cpu_device_workers": 1, "farm.max_in_flight": 1,
+    "farm.compile_workers": 1, "farm.device_workers": 1, "farm.workers_per_device": 1, "farm.cpu_device_workers": 1,
+    "farm.max_in_flight": 1,
     "farm.max_retries": 0, "data.prompts_per_step": 1, "agent.max_prompt_tokens": 1, "agent.max_context_tokens": 2,
 }
 

@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--samples", required=True, metavar="SAMPLES.jsonl")
     e.add_argument("--out", required=True, metavar="RESULTS.jsonl")
     e.add_argument("--num-workers", type=int, default=None,
-                   help="execution workers (default: one per GPU; 1 on the cpu backend)")
+                   help="execution workers in all (default: --workers-per-device per GPU; 1 on the cpu backend)")
+    e.add_argument("--workers-per-device", type=int, default=3,
+                   help="execution workers sharing each GPU; they take turns to time (default 3; 1: one per GPU)")
     e.add_argument("--compile-workers", type=int, default=None, help="compile processes (default: CPU count)")
     e.add_argument("--k", type=int, nargs="+", default=[1], help="k values for Pass@k / Avg@k")
     e.add_argument("--result-cache", default=None, metavar="PATH.sqlite",
@@ -212,8 +214,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _make_config(args)
     if args.num_workers is not None and args.num_workers < 1:
         raise UsageError("--num-workers must be >= 1")
+    if args.workers_per_device < 1:
+        raise UsageError("--workers-per-device must be >= 1")
     fc = FarmConfig(compile_workers=args.compile_workers, max_retries=args.max_retries,
-                    size_profile=args.size_profile, result_cache_path=args.result_cache)
+                    size_profile=args.size_profile, result_cache_path=args.result_cache,
+                    workers_per_device=args.workers_per_device)
     if args.backend == "cpu":
         fc.cpu_device_workers = args.num_workers or 1
     else:

@@ -85,6 +85,15 @@ class VerifierConfig:
     max_output_tail_bytes: int = 64 * 1024  # child stdout/stderr kept by the parent (the rest is drained)
     startup_timeout_s: float = 180.0     # interpreter + torch import + device init of a child (before any
                                          # candidate code runs); exceeding it is an infra failure
+    # several device-stage workers may share one device (verifier.device_lock): start-up and correctness
+    # side by side, timing alone. A task whose one correctness trial needs more than this (or cannot be
+    # sized) has the device to itself for its whole stage.
+    shared_device_max_bytes: int = 8 * GiB
+    device_wait_timeout_s: float = 1800.0  # waiting for the device held by other workers; then infra
+    device_lock_dir: str | None = None   # where the per-device lock files live (default: system temp)
+    # nice level of build and compile children (and the compilers they run): device-stage children, whose
+    # timed calls and wall-clock plausibility checks suffer from CPU scheduling delays, go first
+    build_niceness: int = 10
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -101,17 +110,20 @@ class VerifierConfig:
         positive_ints = ("num_correct_trials", "num_timing_trials", "max_response_bytes", "memory_limit_bytes",
                          "file_size_limit_bytes", "max_processes", "max_open_files", "feedback_max_chars",
                          "cpu_threads", "max_output_tail_bytes", "max_timing_reps",
-                         "timing_memory_bytes")
+                         "timing_memory_bytes", "shared_device_max_bytes")
         for name in positive_ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"VerifierConfig.{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.build_niceness, int) or isinstance(self.build_niceness, bool) or \
+                not 0 <= self.build_niceness <= 19:
+            raise ValueError(f"VerifierConfig.build_niceness must be an integer in 0..19, got {self.build_niceness!r}")
         for name in ("num_warmup", "num_timing_audits", "cpu_flush_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"VerifierConfig.{name} must be a non-negative integer, got {v!r}")
         for name in ("time_budget_s", "compile_timeout_s", "run_timeout_s", "speedup_cap", "cpu_time_limit_s",
-                     "scale_floor", "startup_timeout_s", "timing_batch_ms"):
+                     "scale_floor", "startup_timeout_s", "timing_batch_ms", "device_wait_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"VerifierConfig.{name} must be a positive number, got {v!r}")

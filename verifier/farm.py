@@ -56,6 +56,9 @@ class FarmConfig:
     compile_workers: int | None = None        # None: os.cpu_count()
     device_workers: int | None = None         # None: one per device (GPU) / cpu_device_workers (CPU)
     cpu_device_workers: int = 1               # execution workers when the backend is "cpu"
+    # device-stage workers per GPU: they share the device for start-up and correctness and take turns to
+    # time (verifier.device_lock), so one GPU is not left idle while a worker starts its next child
+    workers_per_device: int = 3
     device_indices: Sequence[int] | None = None  # GPUs to use; None: all visible
     max_in_flight: int = 512                  # backpressure bound on unfinished submissions
     block_when_full: bool = True              # submit blocks (True) or raises FarmFull (False)
@@ -84,7 +87,7 @@ class FarmConfig:
         for name in ("compile_mode", "device_mode"):
             if getattr(self, name) not in ("process", "thread"):
                 raise ValueError(f"FarmConfig.{name} must be 'process' or 'thread', got {getattr(self, name)!r}")
-        for name in ("compile_workers", "device_workers"):
+        for name in ("compile_workers", "device_workers", "workers_per_device"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"FarmConfig.{name} must be >= 1, got {v}")
@@ -147,10 +150,15 @@ class _Job:
 class _Stage:
     """A priority queue (retries first) served by slots, one supervisor thread per slot."""
 
-    def __init__(self, name: str, slots: list, deadline_s: float | None):
+    def __init__(self, name: str, slots: list, deadline_s: float | None, groups: list | None = None):
         self.name = name
         self.slots = slots
         self.deadline_s = deadline_s
+        # slots that share one device: how long each device had at least one of its slots busy
+        self.group_of = list(groups) if groups is not None else list(range(len(slots)))
+        self.occupied_s: dict[Any, float] = {g: 0.0 for g in self.group_of}
+        self._group_busy: dict[Any, int] = {g: 0 for g in self.group_of}
+        self._occupied_since: dict[Any, float] = {}
         self.queue: queue.PriorityQueue = queue.PriorityQueue()
         self.busy_s = 0.0
         self.busy_since: dict[int, float] = {}
@@ -168,6 +176,27 @@ class _Stage:
     def busy_total(self, now: float) -> float:
         with self.lock:
             return self.busy_s + sum(now - t for t in self.busy_since.values())
+
+    def occupied_total(self, now: float) -> float:
+        """Seconds summed over devices during which a device had at least one busy slot."""
+        with self.lock:
+            return sum(self.occupied_s.values()) + sum(now - t for t in self._occupied_since.values())
+
+    def mark_busy(self, index: int, t: float) -> None:
+        """Slot ``index`` starts a call (caller holds ``lock``)."""
+        self.busy_since[index] = t
+        g = self.group_of[index]
+        if self._group_busy[g] == 0:
+            self._occupied_since[g] = t
+        self._group_busy[g] += 1
+
+    def mark_idle(self, index: int, t: float) -> None:
+        """Slot ``index`` finished its call (caller holds ``lock``)."""
+        self.busy_s += t - self.busy_since.pop(index, t)
+        g = self.group_of[index]
+        self._group_busy[g] -= 1
+        if self._group_busy[g] == 0:
+            self.occupied_s[g] += t - self._occupied_since.pop(g, t)
 
 
 _LIVE_FARMS: "weakref.WeakSet[VerifierFarm]" = weakref.WeakSet()
@@ -223,7 +252,7 @@ class VerifierFarm:
         device_deadline = farm.device_deadline_s or (2 * getattr(cfg, "run_timeout_s", 180.0) + 120.0)
         self._compile = _Stage("compile", [self._make_compile_slot(i) for i in range(n_compile)], compile_deadline)
         self._device = _Stage("device", [self._make_device_slot(i, d) for i, d in enumerate(self._device_indices)],
-                              device_deadline)
+                              device_deadline, groups=self._device_groups())
         for stage in (self._compile, self._device):
             for i, slot in enumerate(stage.slots):
                 t = threading.Thread(target=self._supervise, args=(stage, i, slot), daemon=True,
@@ -244,8 +273,12 @@ class VerifierFarm:
         if not idx:
             raise RuntimeError(f"backend {self.backend!r}: no devices visible to the farm")
         if f.device_workers is not None:
-            idx = [idx[i % len(idx)] for i in range(f.device_workers)]
-        return idx
+            return [idx[i % len(idx)] for i in range(f.device_workers)]
+        return [i for i in idx for _ in range(f.workers_per_device)]
+
+    def _device_groups(self) -> list:
+        """Which device each device slot runs on (slots of one device share it; see ``device_lock``)."""
+        return list(self._device_indices)
 
     def _detect_device_type(self) -> str:
         if self.backend == "cpu":
@@ -319,7 +352,9 @@ class VerifierFarm:
             in_flight = len(self._unfinished)
         since = self._t_first_build
         n_dev = max(1, len(self._device.slots))
+        n_devices = max(1, len(set(self._device.group_of)))
         dev_busy = self._device.busy_total(now)
+        dev_occupied = self._device.occupied_total(now)
         comp_busy = self._compile.busy_total(now)
         wall = now - self._t_start
         return {
@@ -333,6 +368,10 @@ class VerifierFarm:
             "device": {"workers": len(self._device.slots), "calls": self._device.calls,
                        "restarts": self._device.restarts, "busy_s": dev_busy,
                        "busy_fraction": (dev_busy / ((now - since) * n_dev)) if since and now > since else 0.0,
+                       # the share of time each device had a candidate on it (any of its workers busy)
+                       "device_occupied_fraction": (dev_occupied / ((now - since) * n_devices))
+                       if since and now > since else 0.0,
+                       "workers_per_device": round(n_dev / n_devices, 2),
                        "device_type": self.device_type},
             "cache_entries": len(self._cache) if self._cache is not None else 0,
             "wall_s": wall,
@@ -429,7 +468,7 @@ class VerifierFarm:
                 continue  # resolved by close()
             t0 = time.monotonic()
             with stage.lock:
-                stage.busy_since[index] = t0
+                stage.mark_busy(index, t0)
             try:
                 args = ((job.task, job.code, self.cfg) if stage is self._compile
                         else self._device_args(job, index))
@@ -447,8 +486,7 @@ class VerifierFarm:
                 finally:
                     t1 = time.monotonic()
                     with stage.lock:
-                        stage.busy_s += t1 - t0
-                        stage.busy_since.pop(index, None)
+                        stage.mark_idle(index, t1)
                         stage.calls += 1
                 if stage is self._compile:
                     self._after_build(job, out)

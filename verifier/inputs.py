@@ -277,18 +277,45 @@ def host_available_bytes() -> int | None:
 
 def device_free_bytes(backend_name: str, index: int = 0) -> int | None:
     """Free memory of a GPU backend's device (``torch.<backend>.mem_get_info``); None if unknown."""
+    return _mem_info(backend_name, index, 0)
+
+
+def device_total_bytes(backend_name: str, index: int = 0) -> int | None:
+    """Total memory of a GPU backend's device; None if unknown."""
+    return _mem_info(backend_name, index, 1)
+
+
+def _mem_info(backend_name: str, index: int, which: int) -> int | None:
     mod = getattr(torch, backend_name, None)
     fn = getattr(mod, "mem_get_info", None)
     if fn is None:
         return None
     try:
-        return int(fn(index)[0])
+        return int(fn(index)[which])
     except Exception:
         return None
 
 
+def shares_device(fp: Footprint | None, limit_bytes: int, capacity_bytes: int | None) -> bool:
+    """Whether one verification of this task is small enough to run beside others on its device: at most
+    ``limit_bytes`` per correctness trial and an eighth of the device's (or host's) memory. A task that
+    cannot be sized never shares."""
+    if fp is None:
+        return False
+    cap = limit_bytes if capacity_bytes is None else min(limit_bytes, capacity_bytes // 8)
+    return sum(trial_bytes(fp)) <= cap
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
+
+
+def trial_bytes(fp: Footprint) -> tuple[int, int]:
+    """Bytes the parent and the sandboxed child hold during one correctness trial (see ``memory_problem``)."""
+    i = fp.input_bytes
+    o = fp.output_bytes if fp.output_bytes is not None else i
+    p = fp.param_bytes or 0
+    return 2 * i + 2 * o + p, max(i + 2 * o, 3 * i + 2 * o) + 2 * p
 
 
 def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, host_free: int | None,
@@ -308,8 +335,7 @@ def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, hos
     p = fp.param_bytes or 0
     sizes = (f"inputs {_gib(i)}, outputs {_gib(o)}{'' if fp.output_bytes is not None else ' (assumed)'}, "
              f"parameters {_gib(p)}")
-    parent = 2 * i + 2 * o + p
-    child = max(i + 2 * o, 3 * i + 2 * o) + 2 * p
+    parent, child = trial_bytes(fp)
     hint = ("; verify it at smaller shapes (a size profile that rewrites its size constants) or on a GPU "
             "backend" if not is_gpu else "; verify it at smaller shapes or on a device with more memory")
     if not is_gpu:

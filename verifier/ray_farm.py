@@ -146,10 +146,23 @@ class RayVerifierFarm(VerifierFarm):
         import ray
         if getattr(cfg, "backend", "cpu") == "cpu":
             return farm.device_workers or farm.cpu_device_workers
+        if farm.device_workers is not None:
+            return farm.device_workers
         n = self.ray_options.num_gpus
         if n is None:
             n = int(ray.cluster_resources().get("GPU", 0))
-        return n
+        return n * farm.workers_per_device
+
+    def _gpu_share(self) -> float:
+        """GPUs per device actor: ``workers_per_device`` actors share a GPU (and its device lock)."""
+        return 1.0 if self.farm.device_workers is not None else 1.0 / self.farm.workers_per_device
+
+    def _device_groups(self) -> list:
+        if self.backend == "cpu":
+            return super()._device_groups()
+        # Ray places the actors; slots are counted per GPU for the occupancy figure, in order
+        per = max(1, round(1 / self._gpu_share()))
+        return [i // per for i in range(len(self._device_indices))]
 
     def _resolve_devices(self) -> list[int | None]:
         n = self._n_device_actors(self.cfg, self.farm)
@@ -171,7 +184,7 @@ class RayVerifierFarm(VerifierFarm):
     def _make_device_slot(self, i: int, device_index: int | None) -> RayActorSlot:
         opts: dict[str, Any] = {"num_cpus": self.ray_options.device_num_cpus}
         if self.backend in ("cuda", "musa"):
-            opts["num_gpus"] = 1
+            opts["num_gpus"] = self._gpu_share()
         return RayActorSlot(self._run_fn, f"ray-device-{i}", opts, self.backend, is_device=True,
                             recycle_after=self.farm.recycle_after)
 

@@ -205,6 +205,11 @@ def apply_isolation(policy: dict[str, Any]) -> dict[str, Any]:
     else:
         report["network"] = "not requested"
     report["rlimits"] = _rlimits(policy)
+    if policy.get("niceness"):   # inherited by the compilers it runs
+        try:
+            report["niceness"] = os.nice(int(policy["niceness"]))
+        except OSError as e:
+            report["niceness"] = f"failed: {e}"
     report["oom_score_adj"] = _prefer_oom_kill()   # before Landlock, which may not allow /proc/self writes
     libc = _libc()
     report["no_new_privs"] = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
@@ -262,8 +267,10 @@ class ChildExit:
         return f"exited with status {self.returncode}"
 
 
-def policy_for(cfg, writable: list[str]) -> dict[str, Any]:
+def policy_for(cfg, writable: list[str], mode: str = "run") -> dict[str, Any]:
     return {
+        # builds yield the CPU to device-stage children, whose timed calls are sensitive to scheduling
+        "niceness": int(getattr(cfg, "build_niceness", 0)) if mode in ("build", "compile") else 0,
         "network": bool(cfg.network_isolation),
         "landlock": bool(cfg.landlock),
         "drop_capabilities": bool(cfg.drop_capabilities),
@@ -338,7 +345,7 @@ class SandboxedChild:
     def __init__(self, mode: str, job: dict[str, Any], cfg, backend, workdir: str, writable: list[str],
                  device_index: int | None = None, env_extra: dict[str, str] | None = None):
         self.mode, self.cfg, self.workdir = mode, cfg, workdir
-        self.job = dict(job, mode=mode, isolation=policy_for(cfg, [workdir] + list(writable)))
+        self.job = dict(job, mode=mode, isolation=policy_for(cfg, [workdir] + list(writable), mode))
         self.env = child_env(cfg, backend, device_index, workdir, env_extra)
         self._poll = select.poll()
         self.proc: subprocess.Popen | None = None

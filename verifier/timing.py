@@ -189,6 +189,11 @@ def stats(values: list[float]) -> dict[str, float]:
 
 def implausible_timing(calls: list[TimedCall]) -> str | None:
     """Why the reported times cannot be right, or None. Only the parent's own clock is trusted here."""
+    return reported_time_problem(calls) or overhead_problem(calls)
+
+
+def reported_time_problem(calls: list[TimedCall]) -> str | None:
+    """Reports that contradict themselves or the parent's clock on a single call (never noise)."""
     for c in calls:
         if not math.isfinite(c.reported_ms) or c.reported_ms < 0:
             return f"{c.runner} call reported a time of {c.reported_ms!r} ms"
@@ -201,6 +206,13 @@ def implausible_timing(calls: list[TimedCall]) -> str | None:
         if c.reported_ms > c.wall_ms * 1.01 + 0.1:
             return (f"{c.runner} call reported {c.reported_ms:.3f} ms but the whole request took "
                     f"{c.wall_ms:.3f} ms of the parent's wall clock")
+    return None
+
+
+def overhead_problem(calls: list[TimedCall]) -> str | None:
+    """Candidate calls whose wall time exceeds their report by more than the reference's ever does: time
+    spent outside the reported span. A statistical check: CPU scheduling delays on a loaded host add
+    unexplained time too, so a stage that sees it times again before calling it cheating."""
     by = {r: [c for c in calls if c.runner == r] for r in ("ref", "cand")}
     if len(by["ref"]) >= 3 and len(by["cand"]) >= 3:
         # Scheduling noise only ever adds unexplained time, so compare minima: an honest candidate has some

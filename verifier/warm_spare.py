@@ -8,9 +8,10 @@ the spare, the next spare starts and comes up while this candidate is imported a
 - Every candidate still gets a fresh process that no other candidate has touched. A spare has run only
   the harness (isolation, imports, device init). The task and candidate files are written into its working
   directory after it is taken.
-- A spare's start-up never overlaps a timing phase. Before timing, the device stage waits until the next
-  spare has reported ready (`wait_started`), so its CPU work, device context and profiler initialisation
-  are over when the clock runs.
+- A spare's start-up never overlaps a timing phase. It holds the device's shared lock until it has
+  reported ready (`verifier.device_lock`), and before timing the device stage waits until its own next
+  spare is up (`wait_started`), so that spare's CPU work, device context and profiler initialisation are
+  over when the clock runs.
 - Starting a spare is best effort. If it fails, the next candidate starts its own child, as without spares.
 - An orphaned spare exits on its own: its request pipe closes when the worker that started it dies, and
   it then empties its own working directory (the sandbox may keep it from unlinking the directory
@@ -19,6 +20,7 @@ the spare, the next spare starts and comes up while this candidate is imported a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -63,55 +65,97 @@ class StartedChild:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    """A spare being started on a background thread; ``spare`` is set (or left None) when ``done``."""
+
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    spare: StartedChild | None = None
+    cancelled: bool = False
+
+
 class WarmSpares:
-    """At most one started-but-unused run child per key; thread-safe."""
+    """At most one started-but-unused run child per key; thread-safe.
+
+    A spare is started on a background thread, under ``lease`` (the device's shared lock, see
+    ``verifier.device_lock``) until it has reported ready: its device context and profiler start never
+    overlap another worker's timing, and nobody blocks on a lock while starting one."""
 
     def __init__(self) -> None:
-        self._spares: dict[Any, StartedChild] = {}
+        self._spares: dict[Any, _Pending] = {}
         self._lock = threading.Lock()
 
-    def take(self, key: Any, start: Callable[[], StartedChild]) -> StartedChild:
-        """The spare for ``key`` when it is alive, else a child started now."""
+    def take(self, key: Any) -> StartedChild | None:
+        """The spare for ``key`` once it is up and alive (waiting for its start-up to finish), else None."""
         with self._lock:
-            spare = self._spares.pop(key, None)
+            pending = self._spares.pop(key, None)
             stale = [self._spares.pop(k) for k in list(self._spares) if k[1:] == key[1:]]  # same device, other config
-        for s in stale:
-            s.discard()
+        for p in stale:
+            self._discard(p)
+        if pending is None:
+            return None
+        pending.done.wait()
+        spare = pending.spare
         if spare is not None and not spare.failed and not spare.child.exited():
             return spare
         if spare is not None:
             spare.discard()
-        return start()
+        return None
 
-    def replenish(self, key: Any, start: Callable[[], StartedChild]) -> None:
-        """Start the spare for ``key`` unless one exists; a failure to start is logged, never raised (the
-        next candidate then starts its own child)."""
+    def replenish(self, key: Any, start: Callable[[], StartedChild], timeout_s: float = 180.0,
+                  lease: Callable[[], Any] | None = None) -> None:
+        """Start the spare for ``key`` unless one exists, on a background thread. A failure to start is
+        logged, never raised (the next candidate then starts its own child)."""
         with self._lock:
             if key in self._spares:
                 return
-        try:
-            spare = start()
-        except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork or mkdtemp
-            log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
-            return
-        with self._lock:
-            if key not in self._spares:
-                self._spares[key] = spare
-                return
-        spare.discard()
+            pending = self._spares[key] = _Pending()
+
+        def work() -> None:
+            spare = None
+            try:
+                with (lease() if lease is not None else contextlib.nullcontext()):
+                    if not pending.cancelled:
+                        spare = start()
+                        spare.read_until_ready(time.monotonic() + timeout_s)
+            except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
+                log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
+            if spare is not None and pending.cancelled:
+                spare.discard()
+                spare = None
+            pending.spare = spare
+            pending.done.set()
+
+        threading.Thread(target=work, name="warm-spare-start", daemon=True).start()
 
     def wait_started(self, key: Any, timeout_s: float) -> None:
         """Block until the spare for ``key`` has finished starting (or ``timeout_s`` passed)."""
         with self._lock:
-            spare = self._spares.get(key)
-        if spare is not None:
-            spare.read_until_ready(time.monotonic() + timeout_s)
+            pending = self._spares.get(key)
+        if pending is not None:
+            pending.done.wait(timeout_s)
+
+    def started(self, timeout_s: float = 180.0) -> list[StartedChild]:
+        """The spares there are, once their start-ups are over (for inspection)."""
+        with self._lock:
+            pendings = list(self._spares.values())
+        for p in pendings:
+            p.done.wait(timeout_s)
+        return [p.spare for p in pendings if p.spare is not None]
+
+    @staticmethod
+    def _discard(pending: _Pending, wait_s: float = 5.0) -> None:
+        pending.cancelled = True
+        pending.done.wait(wait_s)
+        if pending.spare is not None:
+            pending.spare.discard()
+            pending.spare = None
 
     def close(self) -> None:
         with self._lock:
-            spares, self._spares = list(self._spares.values()), {}
-        for s in spares:
-            s.discard()
+            pendings, self._spares = list(self._spares.values()), {}
+        for p in pendings:
+            self._discard(p)
 
 
 _PROCESS_SPARES: WarmSpares | None = None

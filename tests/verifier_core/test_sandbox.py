@@ -120,3 +120,29 @@ def test_root_child_has_no_capabilities(tmp_path):
     assert hello["isolation"]["capabilities"] == "dropped"
     caps = dict(line.split(":\t") for line in msgs["caps"]["status"].splitlines() if line.startswith("Cap"))
     assert int(caps["CapEff"], 16) == 0 and int(caps["CapBnd"], 16) == 0
+
+
+def test_builds_run_niced_so_device_children_go_first(tmp_path):
+    from verifier.sandbox import policy_for
+    cfg = VerifierConfig()
+    assert policy_for(cfg, [], "compile")["niceness"] == policy_for(cfg, [], "build")["niceness"] == 10
+    assert policy_for(cfg, [], "run")["niceness"] == 0
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    child = SandboxedChild("probe", {"code": "import os\nchan.send({'op': 'nice', 'value': os.nice(0)})\n"},
+                           cfg, get_backend("cpu"), str(workdir), [])
+    base = os.nice(0)
+    child.job["isolation"]["niceness"] = 7
+    child.start()
+    msgs = {}
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            m = child.recv(deadline)
+            msgs[m["op"]] = m
+    except ChildFailed:
+        pass
+    child.close()
+    assert msgs["nice"]["value"] == min(19, base + 7)
+    with pytest.raises(ValueError, match="build_niceness"):
+        VerifierConfig(build_niceness=25)

@@ -115,3 +115,36 @@ def test_malformed_child_numbers_never_raise(value):
 
 def test_stats_of_non_finite_reports_do_not_raise():
     assert stats([1.0, float("nan"), float("inf")]) == {"n": 3, "non_finite": 2}
+
+
+def test_a_noisy_overhead_check_times_again_before_calling_it_cheating(make_cfg, monkeypatch):
+    """The wall-clock overhead rule is statistical (a loaded host delays honest calls too): a stage that
+    trips it times once more and judges the second measurement; a candidate that keeps tripping it is
+    cheating."""
+    from verifier import evaluate
+    from verifier.build import build_candidate
+    from verifier.evaluate import precheck, run_candidate
+    from verifier.tasks import load_task
+    from verifier.types import Category
+
+    from .candidates import RELU, compiled, task_path
+
+    cfg = make_cfg(num_timing_trials=3)
+    task = load_task(task_path("relu"))
+    code = precheck(task, compiled(RELU), cfg)
+    build = build_candidate(task, code, cfg)
+    seen = []
+
+    def flaky(calls):
+        seen.append(len(calls))
+        return "every candidate call took far more wall time than it reported" if len(seen) == 1 else None
+
+    monkeypatch.setattr(evaluate, "implausible_timing", flaky)
+    r = run_candidate(task, code, build, cfg)
+    assert r.category == Category.PASS, r.feedback
+    assert len(seen) == 2 and "far more wall time" in r.details["timing_repeated"]
+
+    seen.clear()
+    monkeypatch.setattr(evaluate, "implausible_timing", lambda calls: seen.append(1) or "hidden work")
+    r = run_candidate(task, code, build, cfg)
+    assert r.category == Category.CHEATING and r.rule == "implausible_timing" and len(seen) == 2

@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
 
 
 def _spare_pid(spares: WarmSpares) -> int:
-    (spare,) = spares._spares.values()
+    (spare,) = spares.started()
     return spare.child.proc.pid
 
 
@@ -69,7 +69,7 @@ def test_a_dead_spare_is_replaced_and_close_cleans_up(relu):
     try:
         build = build_candidate(task, good, cfg)
         assert run_candidate(task, good, build, cfg, spares=spares).category == Category.PASS
-        (spare,) = spares._spares.values()
+        (spare,) = spares.started()
         os.killpg(spare.child.proc.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while not spare.child.exited() and time.monotonic() < deadline:
@@ -79,13 +79,13 @@ def test_a_dead_spare_is_replaced_and_close_cleans_up(relu):
         assert r.details["child"]["pid"] != spare.child.proc.pid
         assert not os.path.exists(spare.workdir)
 
-        (spare,) = spares._spares.values()
+        (spare,) = spares.started()
         other = dataclasses.replace(cfg, num_correct_trials=cfg.num_correct_trials + 1)   # another config: not reused
         r = run_candidate(task, good, build, other, spares=spares)
         assert r.category == Category.PASS and r.details["child"]["pid"] != spare.child.proc.pid
         assert spare.child.exited() and not os.path.exists(spare.workdir)
     finally:
-        (last,) = spares._spares.values()
+        (last,) = spares.started()
         spares.close()
     assert last.child.exited() and not os.path.exists(last.workdir)
 
@@ -95,23 +95,23 @@ def test_spare_is_up_before_timing_and_failures_to_start_one_are_harmless(relu):
     build = build_candidate(task, good, cfg)
 
     class NoNewSpares(WarmSpares):
-        def replenish(self, key, start):
+        def replenish(self, key, start, *args):
             def fail():
                 raise OSError(11, "Resource temporarily unavailable")
-            super().replenish(key, fail)
+            super().replenish(key, fail, *args)
 
     spares = WarmSpares()
     try:
         r = run_candidate(task, good, build, cfg, spares=spares)
         assert r.category == Category.PASS and "spare_wait" in r.details["phase_seconds"]
-        (spare,) = spares._spares.values()
+        (spare,) = spares.started()
         assert spare.ready and [m["op"] for m in spare.messages] == ["hello", "ready"]   # read before timing
     finally:
         spares.close()
     broken = NoNewSpares()
     r = run_candidate(task, good, build, cfg, spares=broken)
     assert r.category == Category.PASS, r.feedback
-    assert broken._spares == {}
+    assert broken.started() == []
 
 
 def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
@@ -119,7 +119,7 @@ def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
     spares = WarmSpares()
     build = build_candidate(task, good, cfg)
     run_candidate(task, good, build, cfg, spares=spares)
-    (spare,) = spares._spares.values()
+    (spare,) = spares.started()
     spares._spares.clear()
     spare.child.proc.stdin.close()          # what the child sees when the worker that started it dies
     deadline = time.monotonic() + 60

@@ -184,3 +184,26 @@ def test_cache_key_tracks_verdict_config_not_paths(tmp_path):
     bad.write_bytes(b"this is not a database" * 100)
     with pytest.raises(ValueError, match="not.sqlite"):
         ResultCache(str(bad))
+
+
+def test_device_workers_per_gpu_and_how_long_each_gpu_was_occupied():
+    from verifier.farm import _Stage
+    farm = object.__new__(VerifierFarm)
+    farm.backend = "cuda"
+    for fc, want in ((FarmConfig(device_indices=[0, 1]), [0, 0, 0, 1, 1, 1]),
+                     (FarmConfig(device_indices=[0, 1], workers_per_device=1), [0, 1]),
+                     (FarmConfig(device_indices=[0, 1], device_workers=3), [0, 1, 0])):
+        farm.farm = fc
+        assert farm._resolve_devices() == want
+    with pytest.raises(ValueError, match="workers_per_device"):
+        FarmConfig(workers_per_device=0).validate()
+    # two slots on GPU 0, one on GPU 1: GPU 0 is occupied while either of its slots is busy
+    stage = _Stage("device", [None, None, None], None, groups=[0, 0, 1])
+    with stage.lock:
+        stage.mark_busy(0, 0.0)
+        stage.mark_busy(1, 1.0)
+        stage.mark_idle(0, 2.0)
+        stage.mark_idle(1, 3.0)      # GPU 0: occupied 0..3
+        stage.mark_busy(2, 5.0)      # GPU 1: busy from 5
+    assert stage.busy_total(6.0) == pytest.approx(2 + 2 + 1)
+    assert stage.occupied_total(6.0) == pytest.approx(3 + 1)
