@@ -89,7 +89,7 @@ class VerifierConfig:
     # side by side, timing alone. A task whose one correctness trial needs more than this (or cannot be
     # sized) has the device to itself for its whole stage.
     shared_device_max_bytes: int = 8 * GiB
-    device_wait_timeout_s: float = 1800.0  # waiting for the device held by other workers; then infra
+    device_wait_timeout_s: float = 600.0   # waiting for the device held by other workers; then infra
     device_lock_dir: str | None = None   # where the per-device lock files live (default: system temp)
     # nice level of build and compile children (and the compilers they run): device-stage children, whose
     # timed calls and wall-clock plausibility checks suffer from CPU scheduling delays, go first

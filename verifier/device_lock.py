@@ -12,7 +12,8 @@ user on the same host) takes this lock:
 It is two ``flock``-ed files per device. The first is a turnstile: a worker waiting for ``exclusive``
 holds it, so no new ``shared`` holder comes in and a timing phase waits only for the holders already in.
 Locks belong to open files, so they die with their process: a killed worker never wedges the device.
-Waiting polls (a few ms) so that it can give up at a deadline.
+Waiting polls (a few ms) so that it can give up at a deadline. The files are write-only for their owner,
+so that the sandboxed children of candidates cannot take the lock themselves.
 """
 from __future__ import annotations
 
@@ -31,15 +32,22 @@ class DeviceLockTimeout(TimeoutError):
 
 
 def default_lock_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"verifier-device-locks-{os.getuid()}")
+    """One place per user and host, whatever TMPDIR says: workers of different jobs (per-job slurm temp
+    dirs) must meet on the same files, and TMPDIR may point into the children's writable paths."""
+    base = "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"verifier-device-locks-{os.getuid()}")
 
 
 def lock_name(backend: str, index: int | None) -> str:
-    """One name per physical device as this process sees it: the visible-devices list is part of it, so
-    workers pinned to different GPUs through CUDA_VISIBLE_DEVICES (Ray, slurm) do not share a lock."""
-    env = {"cuda": "CUDA_VISIBLE_DEVICES", "musa": "MUSA_VISIBLE_DEVICES"}.get(backend)
-    visible = os.environ.get(env, "all") if env else "host"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{backend}{index or 0}-{visible}")[:120]
+    """One name per physical device: the id the device has outside this process's visible-devices mask,
+    so workers that see the same GPU under different logical indices (Ray, slurm) share its lock."""
+    from .devices import DeviceUnavailable, get_backend
+    try:
+        physical = get_backend(backend).physical_id(index)
+    except (DeviceUnavailable, ValueError, KeyError):
+        physical = None
+    ident = physical if physical is not None else ("host" if backend == "cpu" else f"index{index or 0}")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{backend}-{ident}")[:120]
 
 
 def _acquire(fd: int, mode: int, deadline: float, what: str) -> None:
@@ -79,14 +87,31 @@ class DeviceUse:
 
 class DeviceLock:
     def __init__(self, backend: str, index: int | None, lock_dir: str | None = None):
-        d = lock_dir or default_lock_dir()
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        base = os.path.join(d, lock_name(backend, index))
+        self.dir = lock_dir or default_lock_dir()
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        base = os.path.join(self.dir, lock_name(backend, index))
         self.turnstile_path, self.path = base + ".turnstile", base + ".lock"
         self.name = os.path.basename(base)
 
     def _open(self, path: str) -> int:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """Write-only for the owner: a sandboxed candidate (same uid, no capabilities) cannot simply open
+        it for reading, and Landlock keeps it from opening it for writing. It could still chmod the file
+        (Landlock does not cover that) and hold the lock until its process is killed at the end of its
+        stage; a file or directory it made unusable is put right here, as its owner may."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o200)
+        except PermissionError:
+            for p, mode in ((self.dir, 0o700), (path, 0o200)):
+                try:
+                    os.chmod(p, mode)
+                except FileNotFoundError:
+                    pass
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o200)
+        try:
+            os.fchmod(fd, 0o200)
+        except OSError:
+            pass
+        return fd
 
     def shared(self, timeout_s: float) -> DeviceUse:
         return self._hold("shared", timeout_s)
@@ -97,7 +122,12 @@ class DeviceLock:
     def _hold(self, mode: str, timeout_s: float) -> DeviceUse:
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        gate, fd = self._open(self.turnstile_path), self._open(self.path)
+        gate = self._open(self.turnstile_path)
+        try:
+            fd = self._open(self.path)
+        except BaseException:
+            os.close(gate)
+            raise
         try:
             _acquire(gate, fcntl.LOCK_EX, deadline, f"device {self.name} ({mode})")
             if mode == "shared":       # pass the turnstile, then join the other holders

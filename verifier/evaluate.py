@@ -477,12 +477,16 @@ class _DeviceStage:
             spare = self.spares.take(self._spare_key) if self.spares else None
             try:
                 self._hold("exclusive" if alone else "shared")
-            except DeviceLockTimeout as e:
+                # read with the device held: no other stage starts or allocates meanwhile (the memory
+                # that stages already running hold does count against it)
+                too_big = memory_problem(self.module, self.cfg, self.backend, self.index, self.details, fp)
+            except BaseException as e:
                 if spare is not None:
                     spare.discard()
-                return _finish(self.task, cfg, Category.INFRA, feedback.infra(str(e)), details=dict(self.details))
-            # free memory is read with the device held, so other stages' data does not count against it
-            too_big = memory_problem(self.module, self.cfg, self.backend, self.index, self.details, fp)
+                if isinstance(e, DeviceLockTimeout):
+                    return _finish(self.task, cfg, Category.INFRA, feedback.infra(str(e)),
+                                   details=dict(self.details))
+                raise
             if too_big:   # the farm cannot run this task here: no candidate runs, nothing is allocated
                 if spare is not None:
                     spare.discard()
@@ -546,6 +550,9 @@ class _DeviceStage:
             return _finish(self.task, cfg, v.category, v.feedback_text, q=v.details.get("q", q), rule=v.rule,
                            details=self.details, code_hash=self.build.code_hash, code=self.code,
                            device_name=(self.details.get("device") or {}).get("device_name"))
+        except DeviceLockTimeout as e:
+            return _finish(self.task, cfg, Category.INFRA, feedback.infra(str(e)), q=q, details=self.details,
+                           code_hash=self.build.code_hash, code=self.code)
         except ChildTimeout:
             if self.phase == "start":
                 return _finish(self.task, cfg, Category.INFRA, feedback.infra("the device child did not start in "
@@ -779,20 +786,24 @@ class _DeviceStage:
         if not hidden:   # the time budget ended timing before an audited trial: one hidden trial all the same
             self._hidden_trial(ref_model)
         problem = implausible_timing(calls)
+        by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}
+        timing = {r: stats(v) for r, v in by.items()}
+        timing.update(trials=done, calls_per_trial=reps, wall_ms=stats([c.wall_ms for c in calls if c.runner == "cand"]))
+        med = {r: timing[r]["median"] for r in runners}
         if problem and retry and not reported_time_problem(calls):
             # only the statistical overhead check failed: scheduling noise on a loaded host can do that, so
-            # time once more (fresh trials); a candidate that hides work outside its span fails again
-            self.details["timing_repeated"] = problem
-            return self._timing(ref_model, retry=False)
-        by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}
-        self.details["timing"] = {r: stats(v) for r, v in by.items()}
-        self.details["timing"]["trials"] = done
-        self.details["timing"]["calls_per_trial"] = reps
-        self.details["timing"]["wall_ms"] = stats([c.wall_ms for c in calls if c.runner == "cand"])
+            # time once more (fresh trials). A candidate that hides work outside its span fails again, and
+            # one that behaves only once it is re-timed gains nothing: the slower of the two rounds counts.
+            self.details["timing_repeated"] = {"reason": problem, "first_round": timing}
+            second = self._timing(ref_model, retry=False)
+            if med["cand"] > 0 and second[1] > 0 and med["ref"] / med["cand"] < second[0] / second[1]:
+                self.details["timing"] = timing
+                return med["ref"], med["cand"], med.get("ref_compile")
+            return second
+        self.details["timing"] = timing
         if problem:
             raise _Verdict(Category.CHEATING, feedback.cheating("implausible_timing", problem),
                            rule="implausible_timing", q=1.0)
-        med = {r: self.details["timing"][r]["median"] for r in runners}
         return med["ref"], med["cand"], med.get("ref_compile")
 
     def _audit(self, ref_model, seed: int, rep: int = 0) -> None:
@@ -807,6 +818,19 @@ class _DeviceStage:
                 "timing_output_mismatch", "an output produced while being timed was wrong (" +
                 (c.mismatch.describe() if c.mismatch else "structure differs") + "); the kernel must compute the "
                 "result on every call"), rule="timing_output_mismatch", q=1.0)
+
+
+def _out_of_memory_because_of_others(result: VerifyResult, cfg: VerifierConfig, device_index: int | None) -> bool:
+    """A GPU runtime error that reads as out-of-memory, while the device's free memory (read now, the
+    candidate's processes gone) is too little for this task: the shortage was other processes'. The text
+    alone never decides it, since the candidate writes it."""
+    if result.category != Category.RUNTIME_ERROR or not _OUT_OF_MEMORY.search(result.feedback or ""):
+        return False
+    if cfg.backend == "cpu":
+        return False
+    from . import inputs
+    return inputs.memory_taken_by_others(result.details.get("footprint"),
+                                         inputs.device_free_bytes(cfg.backend, device_index or 0))
 
 
 def _write_new_file(path: str, text: str) -> None:
@@ -824,13 +848,20 @@ def run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig
     while this candidate runs (``verifier.warm_spare``)."""
     try:
         result = _DeviceStage(task, code, build, cfg, device_index, spares).run()
-        if result.category == Category.RUNTIME_ERROR and result.details.get("device_use") != "exclusive" \
-                and _OUT_OF_MEMORY.search(result.feedback or ""):
-            # the device was shared: another stage's data (or a hostile neighbour) may have taken the memory,
-            # so the verdict comes from a run with the device to itself
+        if _out_of_memory_because_of_others(result, cfg, device_index):
+            if result.details.get("device_use") == "exclusive":
+                return _finish(task, cfg, Category.INFRA, feedback.infra(
+                    "the device ran out of memory that other workers' processes hold; retried later"),
+                    details=result.details, code_hash=build.code_hash, code=code)
+            # the device was shared and other processes hold the memory the candidate ran short of: the
+            # verdict comes from a run with the device to itself
             first = result.feedback[:300]
             result = _DeviceStage(task, code, build, cfg, device_index, spares, force_alone=True).run()
             result.details["rerun_alone"] = f"ran out of memory while sharing the device: {first}"
+            if _out_of_memory_because_of_others(result, cfg, device_index):
+                return _finish(task, cfg, Category.INFRA, feedback.infra(
+                    "the device ran out of memory that other workers' processes hold; retried later"),
+                    details=result.details, code_hash=build.code_hash, code=code)
         return result
     except Exception as e:
         return _finish(task, cfg, Category.INFRA, feedback.infra(f"{type(e).__name__}: {e}"),

@@ -70,7 +70,7 @@ class FarmConfig:
     compile_mode: str = "thread"              # "thread" | "process" (spawned workers)
     device_mode: str = "process"              # "process" (one spawned worker per device) | "thread"
     compile_deadline_s: float | None = None   # hang watchdog; None: compile_timeout_s + 120
-    device_deadline_s: float | None = None    # hang watchdog; None: 2 * run_timeout_s + 120
+    device_deadline_s: float | None = None    # hang watchdog; None: from the run, start-up and device-wait limits
     recycle_after: int = 200                  # restart a process worker after this many calls
     # device workers keep one sandboxed run child started ahead of the next candidate (its interpreter,
     # torch import and device init overlap the current candidate; never its timing)
@@ -249,7 +249,10 @@ class VerifierFarm:
 
         n_compile = farm.compile_workers or os.cpu_count() or 1
         compile_deadline = farm.compile_deadline_s or (getattr(cfg, "compile_timeout_s", 600.0) + 120.0)
-        device_deadline = farm.device_deadline_s or (2 * getattr(cfg, "run_timeout_s", 180.0) + 120.0)
+        # a stage may also wait for the device twice (shared, then exclusive) and for its warm spare
+        device_deadline = farm.device_deadline_s or (2 * getattr(cfg, "run_timeout_s", 180.0) + 120.0
+                                                     + 2 * getattr(cfg, "device_wait_timeout_s", 0.0)
+                                                     + getattr(cfg, "startup_timeout_s", 0.0))
         self._compile = _Stage("compile", [self._make_compile_slot(i) for i in range(n_compile)], compile_deadline)
         self._device = _Stage("device", [self._make_device_slot(i, d) for i, d in enumerate(self._device_indices)],
                               device_deadline, groups=self._device_groups())

@@ -281,8 +281,13 @@ def device_free_bytes(backend_name: str, index: int = 0) -> int | None:
 
 
 def device_total_bytes(backend_name: str, index: int = 0) -> int | None:
-    """Total memory of a GPU backend's device; None if unknown."""
-    return _mem_info(backend_name, index, 1)
+    """Total memory of a GPU backend's device, from its properties (no device context is created, so it
+    can be read while another worker times); None if unknown."""
+    mod = getattr(torch, backend_name, None)
+    try:
+        return int(mod.get_device_properties(index).total_memory)
+    except Exception:
+        return None
 
 
 def _mem_info(backend_name: str, index: int, which: int) -> int | None:
@@ -294,6 +299,19 @@ def _mem_info(backend_name: str, index: int, which: int) -> int | None:
         return int(fn(index)[which])
     except Exception:
         return None
+
+
+def memory_taken_by_others(fp_dict: dict | None, free_bytes: int | None, margin_bytes: int = 1 << 30) -> bool:
+    """Whether the device's free memory, read by the parent once its own child is gone, is too little for
+    one correctness trial of this task: then other processes hold the memory an out-of-memory error ran
+    short of. Parent-side evidence only (a candidate can print "out of memory" but cannot free others')."""
+    if not fp_dict or free_bytes is None:
+        return False
+    try:
+        fp = Footprint(int(fp_dict["input_bytes"]), fp_dict.get("output_bytes"), fp_dict.get("param_bytes"))
+    except (KeyError, TypeError, ValueError):
+        return False
+    return free_bytes < sum(trial_bytes(fp)) + margin_bytes
 
 
 def shares_device(fp: Footprint | None, limit_bytes: int, capacity_bytes: int | None) -> bool:

@@ -85,7 +85,7 @@ class WarmSpares:
         self._spares: dict[Any, _Pending] = {}
         self._lock = threading.Lock()
 
-    def take(self, key: Any) -> StartedChild | None:
+    def take(self, key: Any, timeout_s: float = 3600.0) -> StartedChild | None:
         """The spare for ``key`` once it is up and alive (waiting for its start-up to finish), else None."""
         with self._lock:
             pending = self._spares.pop(key, None)
@@ -94,7 +94,9 @@ class WarmSpares:
             self._discard(p)
         if pending is None:
             return None
-        pending.done.wait()
+        if not pending.done.wait(timeout_s):
+            self._discard(pending, wait_s=0.0)   # its thread discards it when it is done
+            return None
         spare = pending.spare
         if spare is not None and not spare.failed and not spare.child.exited():
             return spare
@@ -118,15 +120,31 @@ class WarmSpares:
                     if not pending.cancelled:
                         spare = start()
                         spare.read_until_ready(time.monotonic() + timeout_s)
+                        if not spare.ready or spare.failed or pending.cancelled:
+                            # still starting (or broken): gone before the lease ends, so that it never
+                            # initialises its device beside another worker's timing
+                            spare.discard()
+                            spare = None
             except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
                 log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
-            if spare is not None and pending.cancelled:
-                spare.discard()
-                spare = None
-            pending.spare = spare
-            pending.done.set()
+                if spare is not None:
+                    spare.discard()
+                    spare = None
+            finally:
+                if spare is not None and pending.cancelled:
+                    spare.discard()
+                    spare = None
+                pending.spare = spare
+                pending.done.set()
 
-        threading.Thread(target=work, name="warm-spare-start", daemon=True).start()
+        try:
+            threading.Thread(target=work, name="warm-spare-start", daemon=True).start()
+        except Exception as e:  # noqa: BLE001 - no thread to start it (EAGAIN): no spare this time
+            log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
+            with self._lock:
+                if self._spares.get(key) is pending:
+                    del self._spares[key]
+            pending.done.set()
 
     def wait_started(self, key: Any, timeout_s: float) -> None:
         """Block until the spare for ``key`` has finished starting (or ``timeout_s`` passed)."""

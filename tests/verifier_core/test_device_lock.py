@@ -27,7 +27,7 @@ def _hold_in_child(lock_dir, mode, ready, stop):
 def test_shared_holders_coexist_and_exclusive_waits_for_them(tmp_path):
     lock = DeviceLock("cuda", 0, str(tmp_path))
     a, b = lock.shared(1), lock.shared(1)          # two holders at once
-    with pytest.raises(DeviceLockTimeout, match="cuda0"):
+    with pytest.raises(DeviceLockTimeout, match="cuda-0"):
         lock.exclusive(0.2)
     a.release()
     a.release()                                    # idempotent
@@ -89,15 +89,26 @@ def test_a_killed_holder_frees_the_device(tmp_path):
     lock.shared(5).release()
 
 
-def test_devices_and_visible_device_lists_get_their_own_locks(tmp_path, monkeypatch):
+def test_one_physical_gpu_has_one_lock_whatever_the_visible_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    a = DeviceLock("cuda", 0, str(tmp_path))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
-    b = DeviceLock("cuda", 0, str(tmp_path))
-    c = DeviceLock("cuda", 1, str(tmp_path))
-    assert len({a.path, b.path, c.path}) == 3
-    with a.exclusive(1), b.exclusive(1), c.exclusive(1):
-        pass
+    a = DeviceLock("cuda", 0, str(tmp_path))             # GPU 3 seen as device 0 (Ray, slurm)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    b = DeviceLock("cuda", 3, str(tmp_path))             # GPU 3 seen as device 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    c, d = DeviceLock("cuda", 0, str(tmp_path)), DeviceLock("cuda", 1, str(tmp_path))
+    assert a.path == b.path and len({a.path, c.path, d.path}) == 3
+    with a.exclusive(1):
+        with pytest.raises(DeviceLockTimeout):
+            b.shared(0.2)
+        with c.exclusive(1), d.exclusive(1):
+            pass
+
+
+def test_the_lock_directory_does_not_follow_tmpdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert not device_lock.default_lock_dir().startswith(str(tmp_path))
 
 
 def test_two_device_workers_share_the_device_but_never_while_timing(make_cfg, tmp_path, monkeypatch):
@@ -150,20 +161,30 @@ def test_a_task_too_large_to_share_has_the_device_alone(make_cfg, tmp_path):
     code = precheck(task, compiled(RELU), cfg)
     build = build_candidate(task, code, cfg)
     other = DeviceLock("cpu", 0, str(tmp_path)).shared(1)       # another worker is using the device
+    asked, real_hold = threading.Event(), DeviceLock._hold
+
+    def hold(self, mode, timeout_s):
+        if mode == "exclusive":
+            asked.set()
+        return real_hold(self, mode, timeout_s)
+
     box = {}
-    t = threading.Thread(target=lambda: box.update(r=run_candidate(task, code, build, cfg)))
-    t.start()
-    time.sleep(1.0)
-    assert "r" not in box                                       # the stage waits to have it alone
-    other.release()
-    t.join(120)
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setattr(DeviceLock, "_hold", hold)
+        t = threading.Thread(target=lambda: box.update(r=run_candidate(task, code, build, cfg)))
+        t.start()
+        assert asked.wait(120)
+        time.sleep(1.0)
+        assert "r" not in box                                   # the stage waits to have it alone
+        other.release()
+        t.join(120)
     r = box["r"]
     assert r.category == Category.PASS, r.feedback
     assert r.details["device_use"] == "exclusive" and r.details["device_wait_s"]["exclusive"] >= 0.9
 
 
 def test_lock_names_are_safe_file_names():
-    assert "/" not in device_lock.lock_name("cuda", 0) and device_lock.lock_name("cpu", None) == "cpu0-host"
+    assert "/" not in device_lock.lock_name("cuda", 0) and device_lock.lock_name("cpu", None) == "cpu-host"
 
 
 def test_small_tasks_share_and_the_limit_follows_the_device_size():
@@ -177,21 +198,93 @@ def test_small_tasks_share_and_the_limit_follows_the_device_size():
     assert not shares_device(None, 8 * GiB, 141 * GiB)                             # unknown size: alone
 
 
-def test_running_out_of_memory_beside_others_is_judged_again_alone(make_cfg, tmp_path):
-    """Memory taken by another stage on a shared device must not become this candidate's runtime error:
-    an out-of-memory failure of a shared stage is re-run with the device to itself, and that run's verdict
-    counts (here the candidate itself runs out of memory, so the verdict stays a runtime error)."""
+def _oom_candidate(cfg):
     from verifier.build import build_candidate
-    from verifier.evaluate import precheck, run_candidate
-    cfg = make_cfg(num_timing_trials=3, device_lock_dir=str(tmp_path))
+    from verifier.evaluate import precheck
     task = load_task(task_path("relu"))
     oom = compiled(calling("boom(ext.relu(x))", "x"), prelude=(
         "def boom(y):\n    raise RuntimeError('CUDA out of memory. Tried to allocate 20.00 GiB')\n"))
     code = precheck(task, oom, cfg)
     assert isinstance(code, str), code
-    r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
-    assert r.category == Category.RUNTIME_ERROR and "out of memory" in r.feedback
-    assert r.details["device_use"] == "exclusive" and "while sharing the device" in r.details["rerun_alone"]
-    good = precheck(task, compiled(RELU), cfg)
-    r = run_candidate(task, good, build_candidate(task, good, cfg), cfg)
-    assert r.category == Category.PASS and "rerun_alone" not in r.details
+    return task, code, build_candidate(task, code, cfg)
+
+
+def test_out_of_memory_text_alone_buys_no_second_run(make_cfg, tmp_path):
+    """The candidate writes its error message: without the parent's own evidence that other processes
+    hold the device's memory, an out-of-memory error is the candidate's runtime error, judged once."""
+    from verifier.evaluate import run_candidate
+    cfg = make_cfg(num_timing_trials=3, device_lock_dir=str(tmp_path))
+    task, code, build = _oom_candidate(cfg)
+    r = run_candidate(task, code, build, cfg)
+    assert r.category == Category.RUNTIME_ERROR and "out of memory" in r.feedback and "rerun_alone" not in r.details
+
+
+def test_memory_held_by_others_reruns_alone_then_is_infra(make_cfg, tmp_path, monkeypatch):
+    """When the parent finds the device's free memory too small for the task once its child is gone, the
+    shortage was other processes': a shared stage is judged again alone; alone, it is infra (retried)."""
+    from verifier import evaluate
+    from verifier.evaluate import run_candidate
+    cfg = make_cfg(num_timing_trials=3, device_lock_dir=str(tmp_path))
+    task, code, build = _oom_candidate(cfg)
+    calls = []
+
+    def others_hold_it(result, cfg_, index):           # what a full GPU would show (mem_get_info)
+        calls.append(result.details.get("device_use"))
+        return result.category == Category.RUNTIME_ERROR and len(calls) == 1
+
+    monkeypatch.setattr(evaluate, "_out_of_memory_because_of_others", others_hold_it)
+    r = run_candidate(task, code, build, cfg)
+    assert r.category == Category.RUNTIME_ERROR and r.details["device_use"] == "exclusive"
+    assert "while sharing the device" in r.details["rerun_alone"] and calls[0] == "shared, exclusive while timing"
+    calls.clear()
+    monkeypatch.setattr(evaluate, "_out_of_memory_because_of_others",
+                        lambda result, cfg_, index: result.category == Category.RUNTIME_ERROR)
+    r = run_candidate(task, code, build, cfg)
+    assert r.category == Category.INFRA and "other workers" in r.feedback and r.reward is None
+
+
+def test_the_memory_evidence_is_the_parents_own_reading():
+    from verifier.inputs import memory_taken_by_others
+    GiB = 1 << 30
+    fp = {"input_bytes": GiB, "output_bytes": GiB, "param_bytes": 0}       # 4 + 5 GiB per trial
+    assert memory_taken_by_others(fp, 2 * GiB) and not memory_taken_by_others(fp, 40 * GiB)
+    assert not memory_taken_by_others(None, 0) and not memory_taken_by_others(fp, None)
+
+
+def test_a_sandboxed_candidate_cannot_take_the_device_lock(tmp_path):
+    """A candidate that flocks the device's lock file would stall every other worker's timing."""
+    from verifier.config import VerifierConfig
+    from verifier.devices import get_backend
+    from verifier.sandbox import ChildFailed, SandboxedChild
+    lock = DeviceLock("cpu", 0, str(tmp_path / "locks"))
+    lock.shared(1).release()                        # the files exist
+    code = ("import fcntl, os\nres = {}\nfor p in %r:\n    for flags in (os.O_RDONLY, os.O_WRONLY, os.O_RDWR):\n"
+            "        try:\n            fd = os.open(p, flags)\n            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "            res[p + str(flags)] = 'locked'\n        except OSError as e:\n"
+            "            res[p + str(flags)] = type(e).__name__\nchan.send({'op': 'lock', 'res': res})\n"
+            % [lock.path, lock.turnstile_path])
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    child = SandboxedChild("probe", {"code": code}, VerifierConfig(), get_backend("cpu"), str(workdir), [])
+    child.start()
+    msgs = {}
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            m = child.recv(deadline)
+            msgs[m["op"]] = m
+    except ChildFailed:
+        pass
+    child.close()
+    if not msgs["hello"]["isolation"]["landlock"]["applied"]:
+        pytest.skip("landlock unavailable: only the file mode protects the lock")
+    res = msgs["lock"]["res"]
+    assert len(res) == 6 and "locked" not in res.values(), res
+    # a candidate may still chmod the files (Landlock does not cover that): the parent puts them right
+    os.chmod(lock.path, 0)
+    os.chmod(lock.dir, 0)
+    try:
+        lock.exclusive(1).release()
+    finally:
+        os.chmod(lock.dir, 0o700)
+    assert os.stat(lock.path).st_mode & 0o777 == 0o200

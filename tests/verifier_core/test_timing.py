@@ -142,7 +142,9 @@ def test_a_noisy_overhead_check_times_again_before_calling_it_cheating(make_cfg,
     monkeypatch.setattr(evaluate, "implausible_timing", flaky)
     r = run_candidate(task, code, build, cfg)
     assert r.category == Category.PASS, r.feedback
-    assert len(seen) == 2 and "far more wall time" in r.details["timing_repeated"]
+    assert len(seen) == 2 and "far more wall time" in r.details["timing_repeated"]["reason"]
+    first = r.details["timing_repeated"]["first_round"]
+    assert r.speedup <= first["ref"]["median"] / first["cand"]["median"] + 1e-12   # the slower round counts
 
     seen.clear()
     monkeypatch.setattr(evaluate, "implausible_timing", lambda calls: seen.append(1) or "hidden work")
