@@ -297,9 +297,9 @@ def warm_page_cache() -> dict[str, Any]:
     roots = list(cpp_extension.include_paths("cuda"))
     if cpp_extension.CUDA_HOME:
         roots += [os.path.join(cpp_extension.CUDA_HOME, d) for d in ("bin", "nvvm", "include")]
-    roots += ["/usr/lib/gcc"]                                  # cc1plus
+    roots = list(dict.fromkeys(roots + ["/usr/lib/gcc"]))     # /usr/lib/gcc: cc1plus
     t0, n = time.perf_counter(), 0
-    for root in dict.fromkeys(roots):
+    for root in roots:
         for dirpath, _, files in os.walk(root):
             for name in files:
                 try:
@@ -308,7 +308,7 @@ def warm_page_cache() -> dict[str, Any]:
                             n += len(chunk)
                 except OSError:
                     pass
-    return {"bytes": n, "seconds": round(time.perf_counter() - t0, 2), "roots": list(dict.fromkeys(roots))}
+    return {"bytes": n, "seconds": round(time.perf_counter() - t0, 2), "roots": roots}
 
 
 def run_serial(cands: list[Candidate], tasks: dict[str, Any], cfg: Any) -> dict[str, Any]:

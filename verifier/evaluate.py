@@ -105,12 +105,10 @@ def build_failure_result(task: Task, cfg: VerifierConfig, build: BuildResult, co
                    code_hash=build.code_hash, code=code)
 
 
-def memory_problem(module, cfg: VerifierConfig, backend, index: int, details: dict[str, Any],
-                   fp: Any = "estimate") -> str | None:
-    """Why this task's data cannot fit ``backend`` (sized on meta tensors, nothing allocated), or None."""
+def memory_problem(fp, cfg: VerifierConfig, backend, index: int, details: dict[str, Any]) -> str | None:
+    """Why a task of footprint ``fp`` (``inputs.estimate_footprint``: sized on meta tensors, nothing
+    allocated) cannot fit ``backend``, or None."""
     from . import inputs
-    if fp == "estimate":
-        fp = inputs.estimate_footprint(module, cfg.precision)
     if fp is not None:
         details["footprint"] = fp.to_dict()
     gpu = backend.is_gpu
@@ -129,7 +127,9 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
         if cfg.backend == "cpu":   # a task that cannot run on this host fails before anything is compiled
             details: dict[str, Any] = {}
             try:
-                too_big = memory_problem(load_task_module(task), cfg, get_backend("cpu"), 0, details)
+                from .inputs import estimate_footprint
+                too_big = memory_problem(estimate_footprint(load_task_module(task), cfg.precision), cfg,
+                                         get_backend("cpu"), 0, details)
             except Exception as e:
                 too_big = f"failed to load: {type(e).__name__}: {e}"
             if too_big:
@@ -479,7 +479,7 @@ class _DeviceStage:
                 self._hold("exclusive" if alone else "shared")
                 # read with the device held: no other stage starts or allocates meanwhile (the memory
                 # that stages already running hold does count against it)
-                too_big = memory_problem(self.module, self.cfg, self.backend, self.index, self.details, fp)
+                too_big = memory_problem(fp, self.cfg, self.backend, self.index, self.details)
             except BaseException as e:
                 if spare is not None:
                     spare.discard()
@@ -848,20 +848,17 @@ def run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig
     while this candidate runs (``verifier.warm_spare``)."""
     try:
         result = _DeviceStage(task, code, build, cfg, device_index, spares).run()
-        if _out_of_memory_because_of_others(result, cfg, device_index):
-            if result.details.get("device_use") == "exclusive":
-                return _finish(task, cfg, Category.INFRA, feedback.infra(
-                    "the device ran out of memory that other workers' processes hold; retried later"),
-                    details=result.details, code_hash=build.code_hash, code=code)
+        if result.details.get("device_use") != "exclusive" and _out_of_memory_because_of_others(result, cfg,
+                                                                                                device_index):
             # the device was shared and other processes hold the memory the candidate ran short of: the
             # verdict comes from a run with the device to itself
             first = result.feedback[:300]
             result = _DeviceStage(task, code, build, cfg, device_index, spares, force_alone=True).run()
             result.details["rerun_alone"] = f"ran out of memory while sharing the device: {first}"
-            if _out_of_memory_because_of_others(result, cfg, device_index):
-                return _finish(task, cfg, Category.INFRA, feedback.infra(
-                    "the device ran out of memory that other workers' processes hold; retried later"),
-                    details=result.details, code_hash=build.code_hash, code=code)
+        if _out_of_memory_because_of_others(result, cfg, device_index):   # even alone: not the candidate's
+            return _finish(task, cfg, Category.INFRA, feedback.infra(
+                "the device ran out of memory that other workers' processes hold; retried later"),
+                details=result.details, code_hash=build.code_hash, code=code)
         return result
     except Exception as e:
         return _finish(task, cfg, Category.INFRA, feedback.infra(f"{type(e).__name__}: {e}"),

@@ -154,8 +154,8 @@ class RolloutManager:
         f = self.cfg.farm
         layout = FarmConfig(
             compile_workers=f.compile_workers, device_workers=f.device_workers,
-            workers_per_device=f.workers_per_device, cpu_device_workers=f.cpu_device_workers, max_in_flight=f.max_in_flight, max_retries=f.max_retries,
-            result_cache_path=f.result_cache_path)
+            workers_per_device=f.workers_per_device, cpu_device_workers=f.cpu_device_workers,
+            max_in_flight=f.max_in_flight, max_retries=f.max_retries, result_cache_path=f.result_cache_path)
         if f.backend == "ray":  # compile and device workers as Ray actors (e.g. on dedicated verifier nodes)
             from verifier.ray_farm import RayVerifierFarm
 

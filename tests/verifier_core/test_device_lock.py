@@ -253,9 +253,7 @@ def test_the_memory_evidence_is_the_parents_own_reading():
 
 def test_a_sandboxed_candidate_cannot_take_the_device_lock(tmp_path):
     """A candidate that flocks the device's lock file would stall every other worker's timing."""
-    from verifier.config import VerifierConfig
-    from verifier.devices import get_backend
-    from verifier.sandbox import ChildFailed, SandboxedChild
+    from .sandbox_probe import probe
     lock = DeviceLock("cpu", 0, str(tmp_path / "locks"))
     lock.shared(1).release()                        # the files exist
     code = ("import fcntl, os\nres = {}\nfor p in %r:\n    for flags in (os.O_RDONLY, os.O_WRONLY, os.O_RDWR):\n"
@@ -263,20 +261,8 @@ def test_a_sandboxed_candidate_cannot_take_the_device_lock(tmp_path):
             "            res[p + str(flags)] = 'locked'\n        except OSError as e:\n"
             "            res[p + str(flags)] = type(e).__name__\nchan.send({'op': 'lock', 'res': res})\n"
             % [lock.path, lock.turnstile_path])
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    child = SandboxedChild("probe", {"code": code}, VerifierConfig(), get_backend("cpu"), str(workdir), [])
-    child.start()
-    msgs = {}
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            m = child.recv(deadline)
-            msgs[m["op"]] = m
-    except ChildFailed:
-        pass
-    child.close()
-    if not msgs["hello"]["isolation"]["landlock"]["applied"]:
+    hello, msgs, _ = probe(tmp_path, code)
+    if not hello["isolation"]["landlock"]["applied"]:
         pytest.skip("landlock unavailable: only the file mode protects the lock")
     res = msgs["lock"]["res"]
     assert len(res) == 6 and "locked" not in res.values(), res

@@ -8,25 +8,11 @@ import pytest
 
 from verifier.config import VerifierConfig
 from verifier.devices import get_backend
-from verifier.sandbox import ChildFailed, ChildTimeout, SandboxedChild
+from verifier.sandbox import ChildTimeout, SandboxedChild
+
+from .sandbox_probe import probe
 
 
-def probe(tmp_path, code, cfg=None, timeout=30.0):
-    cfg = cfg or VerifierConfig()
-    workdir = tmp_path / "work"
-    workdir.mkdir(exist_ok=True)
-    child = SandboxedChild("probe", {"code": code}, cfg, get_backend("cpu"), str(workdir), [])
-    child.start()
-    msgs = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            msgs.append(child.recv(deadline))
-    except ChildFailed:
-        pass
-    exit_info = child.close()
-    hello, rest = msgs[0], {m["op"]: m for m in msgs[1:]}
-    return hello, rest, exit_info
 
 
 def test_isolation_is_reported_and_network_is_gone(tmp_path):
@@ -127,22 +113,9 @@ def test_builds_run_niced_so_device_children_go_first(tmp_path):
     cfg = VerifierConfig()
     assert policy_for(cfg, [], "compile")["niceness"] == policy_for(cfg, [], "build")["niceness"] == 10
     assert policy_for(cfg, [], "run")["niceness"] == 0
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    child = SandboxedChild("probe", {"code": "import os\nchan.send({'op': 'nice', 'value': os.nice(0)})\n"},
-                           cfg, get_backend("cpu"), str(workdir), [])
     base = os.nice(0)
-    child.job["isolation"]["niceness"] = 7
-    child.start()
-    msgs = {}
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            m = child.recv(deadline)
-            msgs[m["op"]] = m
-    except ChildFailed:
-        pass
-    child.close()
+    _, msgs, _ = probe(tmp_path, "import os\nchan.send({'op': 'nice', 'value': os.nice(0)})\n", cfg,
+                       isolation={"niceness": 7})
     assert msgs["nice"]["value"] == min(19, base + 7)
     with pytest.raises(ValueError, match="build_niceness"):
         VerifierConfig(build_niceness=25)
