@@ -145,13 +145,18 @@ class EmbeddedEngine:
     def released_tags(self) -> list[str]:
         return sorted(self._released)
 
+    def _in_flight(self) -> int:
+        """Requests of the current wave not yet answered (lock held). A wave's requests are answered as they
+        finish, before the wave itself ends: a client that got its answer must find the engine idle."""
+        return sum(r.finish is None for r in self._running)
+
     def is_idle(self) -> bool:
         with self._cv:
-            return not self._waiting and not self._running
+            return not self._waiting and not self._in_flight()
 
     def load(self) -> dict:
         with self._cv:
-            return {"running": len(self._running), "waiting": len(self._waiting)}
+            return {"running": self._in_flight(), "waiting": len(self._waiting)}
 
     # ------------------------------------------------------------------ requests
 

@@ -137,3 +137,43 @@ def test_release_refused_while_busy(served):
 
     err = run(go())
     assert err.status == 400 and "running" in str(err)
+
+
+def test_an_answered_request_leaves_the_engine_idle_before_its_wave_ends(monkeypatch):
+    """Requests are answered as they finish, before their wave's bookkeeping ends: a client that has its
+    answer must be able to release memory or flush at once (it raced in the full suite before)."""
+    import threading
+
+    from megatron_rl.rollout.client import EngineClient
+    from megatron_rl.rollout.embedded_engine import EmbeddedEngine
+    from rollout_helpers import start_server, tiny_model
+
+    wave_done, hold = threading.Event(), threading.Event()
+    real = EmbeddedEngine._run_wave
+
+    def slow_wave_end(self, wave):
+        real(self, wave)
+        wave_done.set()
+        hold.wait(30)                    # the wave's requests are answered; the wave itself has not ended
+
+    monkeypatch.setattr(EmbeddedEngine, "_run_wave", slow_wave_end)
+    server = start_server(tiny_model(0), max_batch_size=8)
+    client = EngineClient(server.url)
+
+    async def go():
+        try:
+            await client.generate([3, 1, 4], SamplingParams(temperature=0.0, max_new_tokens=5))
+            assert wave_done.wait(30) and not hold.is_set()
+            assert (await client.get_server_info())["running"] == 0
+            await client.flush_cache()
+            await client.release_memory_occupation(["kv_cache"])
+            await client.resume_memory_occupation(["kv_cache"])
+        finally:
+            hold.set()
+            await client.close()
+
+    try:
+        run(go())
+    finally:
+        hold.set()
+        server.stop()
