@@ -353,14 +353,25 @@ def timing_repeats(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, repe
         task = tasks[c.task_stem]
         runs = [run_candidate(task, code, build, cfg, device_index=0) for _ in range(repeats)]
         sp = [r.speedup for r in runs if r.speedup is not None]
+        timing = [(r.details or {}).get("timing") or {} for r in runs]
+        paired = [t["paired_speedup_median"] for t in timing if "paired_speedup_median" in t]
         entry = {"task": c.task_stem, "categories": [r.category.value for r in runs], "speedups": sp,
-                 "t_cand_ms": [r.t_cand_ms for r in runs], "t_ref_ms": [r.t_ref_ms for r in runs]}
+                 "t_cand_ms": [r.t_cand_ms for r in runs], "t_ref_ms": [r.t_ref_ms for r in runs],
+                 "paired_speedups": paired,
+                 # spread within one run: each runner's per-trial std relative to its median
+                 "within_run_rel_std": [{k: round(t[k]["std"] / t[k]["median"], 4) for k in ("ref", "cand")
+                                         if t.get(k, {}).get("median")} for t in timing],
+                 "trials": [t.get("trials") for t in timing], "calls_per_trial": [t.get("calls_per_trial") for t in timing]}
         if len(sp) >= 2:
             entry["speedup_cv"] = statistics.stdev(sp) / statistics.mean(sp)
+        if len(paired) >= 2:
+            entry["paired_speedup_cv"] = statistics.stdev(paired) / statistics.mean(paired)
         per.append((entry, runs, build, code))
     cvs = [e["speedup_cv"] for e, *_ in per if "speedup_cv" in e]
-    return {"per_candidate": [e for e, *_ in per], "mean_cv": statistics.mean(cvs) if cvs else None,
-            "max_cv": max(cvs) if cvs else None, "_raw": per}
+    paired_cvs = [e["paired_speedup_cv"] for e, *_ in per if "paired_speedup_cv" in e]
+    return {"timing_trials": cfg.num_timing_trials, "per_candidate": [e for e, *_ in per],
+            "mean_cv": statistics.mean(cvs) if cvs else None, "max_cv": max(cvs) if cvs else None,
+            "paired_mean_cv": statistics.mean(paired_cvs) if paired_cvs else None, "_raw": per}
 
 
 @contextlib.contextmanager
@@ -441,6 +452,9 @@ def main() -> int:
     ap.add_argument("--stability-candidates", type=int, default=2)
     ap.add_argument("--size-profile", default="gpu")
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--timing-trials", type=int, nargs="+", default=None,
+                    help="timed trials per verification in the stability phase, one pass per value, side by side "
+                         "(default: the config's); do_bench compares against the first")
     ap.add_argument("--skip", nargs="*", default=[], choices=["serial", "farm", "stability", "do_bench"],
                     help="phases to leave out (without the farm, stability and do_bench build their candidates themselves)")
     ap.add_argument("--no-landlock", action="store_true",
@@ -530,10 +544,15 @@ def main() -> int:
             chosen.append(c)
     chosen = chosen[:args.stability_candidates]
     if "stability" not in args.skip and chosen:
-        phase(f"stability: {len(chosen)} candidates x {args.repeats}")
-        rep = timing_repeats(chosen, tasks, cfg_for("farm"), args.repeats)
-        raw = rep.pop("_raw")
-        report["speedup_stability"] = rep
+        raw = None
+        for trials in args.timing_trials or [cfg_for("farm").num_timing_trials]:
+            phase(f"stability: {len(chosen)} candidates x {args.repeats}, {trials} timed trials each")
+            cfg = dataclasses.replace(cfg_for("farm"), num_timing_trials=trials)
+            rep = timing_repeats(chosen, tasks, cfg, args.repeats)
+            raw = raw or rep.pop("_raw")
+            rep.pop("_raw", None)
+            report.setdefault("speedup_stability_by_trials", {})[str(trials)] = rep
+            report.setdefault("speedup_stability", rep)
         if "do_bench" not in args.skip:
             phase("do_bench agreement")
             try:

@@ -28,6 +28,7 @@ import re
 import secrets
 import shutil
 import stat
+import statistics
 import tempfile
 import time
 import traceback
@@ -789,6 +790,11 @@ class _DeviceStage:
         by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}
         timing = {r: stats(v) for r, v in by.items()}
         timing.update(trials=done, calls_per_trial=reps, wall_ms=stats([c.wall_ms for c in calls if c.runner == "cand"]))
+        # the same trials' ratios, paired (ref and cand of one trial ran back to back): a measure of how much
+        # of the speedup's spread is drift between trials rather than noise within them
+        pairs = [r / c for r, c in zip(by["ref"], by["cand"]) if math.isfinite(r) and math.isfinite(c) and c > 0]
+        if pairs:
+            timing["paired_speedup_median"] = statistics.median(pairs)
         med = {r: timing[r]["median"] for r in runners}
         if problem and retry and not reported_time_problem(calls):
             # only the statistical overhead check failed: scheduling noise on a loaded host can do that, so
