@@ -178,8 +178,9 @@ CASES = {
     "fused": ("fused", HEADER + model("a, b, c", "ext.fused(a, b, c)"), "pass", None),
     "triton_add": ("add", TRITON_ADD, "pass", None),
     "side_stream": ("add", HEADER + model("a, b", "ext.add_per_thread_stream(a, b)"), "pass", None),
-    "stream_create": ("add", HEADER.replace("CUDA_SRC = r\"\"\"", "CUDA_SRC = r\"\"\"\n// cudaStream_t s; "
-                                                                   "cudaStreamCreate(&s);") +
+    # a stream made in the C++ source (code, not a comment: the native scan ignores comments and literals)
+    "stream_create": ("add", HEADER.replace("CUDA_SRC = r\"\"\"", "CUDA_SRC = r\"\"\"\nstatic cudaStream_t own_stream() "
+                                                                   "{ cudaStream_t s; cudaStreamCreate(&s); return s; }") +
                       model("a, b", "ext.add(a, b)"), "cheating", "stream_creation"),
     "python_stream": ("add", HEADER + model("a, b", "ext.add(a, b)", body="        s = torch.cuda.Stream()\n"),
                       "cheating", "stream_creation"),
@@ -190,7 +191,9 @@ CASES = {
                               body="        self.calls += 1\n        out = ext.add(a, b) if self.calls <= 5 "
                                    "else ext.empty_out(a)\n"),
         "cheating", None),
-    "empty_output": ("add", HEADER + model("a, b", "ext.empty_out(a)"), "correctness_error", None),
+    # an uninitialised output runs no kernel of its own: judged by the no-kernel rule before its values (its
+    # memory may hold a freed reference output, so its values cannot be trusted to be wrong)
+    "empty_output": ("add", HEADER + model("a, b", "ext.empty_out(a)"), "cheating", "no_device_kernel"),
     "aten_in_cuda": ("relu", HEADER + model("x", "ext.aten_relu(x)"), "cheating", "forbidden_op"),
     "torch_fallback": ("relu", HEADER + model("x", "x.clamp(min=0).contiguous()"), "cheating", "forbidden_op"),
     "glue_only": ("relu", HEADER + model("x", "torch.empty_like(x).copy_(x)"), "cheating", "no_device_kernel"),

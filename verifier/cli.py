@@ -26,6 +26,8 @@ class UsageError(Exception):
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("cpu", "cuda", "musa"), default="cpu")
     p.add_argument("--trials", type=int, default=None, help="correctness trials per candidate (default: config's)")
+    p.add_argument("--timing-trials", type=int, default=None,
+                   help="timed trials per candidate, median over them (default: config's)")
     p.add_argument("--precision", default=None, help="dtype inputs are cast to: float32 | float16 | bfloat16")
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="extension build cache folder, shared across runs (default: a temporary folder)")
@@ -76,6 +78,10 @@ def _make_config(args: argparse.Namespace) -> Any:
         if args.trials < 1:
             raise UsageError("--trials must be >= 1")
         overrides["num_correct_trials"] = args.trials
+    if args.timing_trials is not None:
+        if args.timing_trials < 1:
+            raise UsageError("--timing-trials must be >= 1")
+        overrides["num_timing_trials"] = args.timing_trials
     if args.precision is not None:
         overrides["precision"] = args.precision
     if args.cache is not None:

@@ -40,7 +40,9 @@ class VerifierConfig:
         default_factory=lambda: {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2})
     precision: str = "float32"           # dtype floating inputs and both models are cast to (KernelBench)
     num_warmup: int = 3
-    num_timing_trials: int = 20          # median over these
+    # median over these; on an H200 the speedup's CV over 5 fresh runs was 1.1 % at 20 trials, 0.9-1.0 % at 60
+    # and 0.7 % at 120 (bench/results/verifier_timing_h200.md); a trial of a sub-ms kernel costs ~20 ms
+    num_timing_trials: int = 120
     time_budget_s: float = 10.0          # stop timing early once this much timing wall time is spent
     timing_batch_ms: float = 20.0        # each trial times this much back-to-back calls per runner (do_bench style)
     max_timing_reps: int = 100           # at most this many calls per runner and trial, each on fresh inputs

@@ -11,12 +11,13 @@ Trust map of the checks:
 - parent-side (security-relevant, decide the verdict): output values/shape/dtype/structure against the
   parent's own reference (so a candidate can neither see the reference's memory nor influence it),
   NaN/Inf agreement, scale-relative error, per-call wall-clock bounds on reported times, speedup cap,
-  audits of randomly chosen *timed* outputs (a candidate that behaves differently while timed fails);
+  audits of randomly chosen *timed* outputs and of the last trial's (a candidate that behaves differently
+  while timed, or only early on, fails);
 - child-reported (advisory; can only make the verdict stricter): forbidden aten ops and own device
   kernels seen by the profiler, tensor-subclass outputs, outputs aliasing inputs, inputs modified in place
   (compared against what the reference does), timer objects replaced after capture, harness functions
   replaced, global state changed, other threads' CPU time, calls into the candidate's extension
-  (``fallback.runtime_violations``). Randomly chosen timing trials also run one hidden correctness trial
+  (``fallback.runtime_violations``). Audited timing trials also run one hidden correctness trial
   (profiled, checked like the others): a candidate that switches to PyTorch once its trials are over fails.
 """
 from __future__ import annotations
@@ -739,10 +740,15 @@ class _DeviceStage:
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
         calls: list[TimedCall] = []
         t_start = time.monotonic()
-        done = hidden = 0
+        done = 0
+        last_checked = -1   # the last trial whose timed output was audited
         for j in range(cfg.num_timing_trials):
-            if j >= 3 and time.monotonic() - t_start > cfg.time_budget_s:
+            elapsed = time.monotonic() - t_start
+            if j >= 3 and elapsed > cfg.time_budget_s:
                 break
+            # the trial that is probably the last one (the count or the budget, at the pace so far) is audited
+            # too, so that behaving only in early trials gains nothing; the candidate cannot see the parent's clock
+            last = j == cfg.num_timing_trials - 1 or (j >= 3 and elapsed * (j + 1) / j > cfg.time_budget_s)
             n = reps
             seeds = [secrets.randbits(63) for _ in range(n)]
             self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
@@ -770,11 +776,11 @@ class _DeviceStage:
                     # calls of the batch returned the same storage (a reused output buffer): only the last
                     # call's result survives, so audit that one and time one call per request from now on
                     self.details["timing_outputs_shared"] = True
-                if runner == "cand" and j in audits:
+                if runner == "cand" and (j in audits or last):
                     k = n - 1 if shared else rng.randrange(n)   # picked after the batch ran
                     self._audit(ref_model, seeds[k], k)
                     self._hidden_trial(ref_model)
-                    hidden += 1
+                    last_checked = j
                 if shared:
                     reps = 1
             # the span floor subtracts the reference's flushes (same buffer, same trial), never a figure the
@@ -784,7 +790,7 @@ class _DeviceStage:
                 c.floor_flush_ms = ref_flush * c.reps if math.isfinite(ref_flush) else 0.0
             calls.extend(trial[r] for r in order)
             done += 1
-        if not hidden:   # the time budget ended timing before an audited trial: one hidden trial all the same
+        if last_checked != done - 1:   # timing ended sooner than its pace predicted: a hidden trial at the end
             self._hidden_trial(ref_model)
         problem = implausible_timing(calls)
         by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}

@@ -93,7 +93,7 @@ def verifier_cfg(tmp_path_factory):
     from verifier.config import VerifierConfig
 
     return VerifierConfig(backend="cpu", build_cache_dir=str(tmp_path_factory.mktemp("agent_build_cache")),
-                          num_correct_trials=2)
+                          num_correct_trials=2, num_timing_trials=5)
 
 
 def test_agent_loop_with_the_real_verifier(qwen_tok, relu_task, verifier_cfg):

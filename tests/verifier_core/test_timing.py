@@ -150,3 +150,21 @@ def test_a_noisy_overhead_check_times_again_before_calling_it_cheating(make_cfg,
     monkeypatch.setattr(evaluate, "implausible_timing", lambda calls: seen.append(1) or "hidden work")
     r = run_candidate(task, code, build, cfg)
     assert r.category == Category.CHEATING and r.rule == "implausible_timing" and len(seen) == 2
+
+
+def test_the_last_timed_trial_is_always_audited(make_cfg):
+    """Random audits may all fall early; the trial that ends timing is audited too, so a candidate that
+    behaves only in early trials gains nothing."""
+    from verifier.build import build_candidate
+    from verifier.evaluate import precheck, run_candidate
+    from verifier.tasks import load_task
+    from verifier.types import Category
+
+    from .candidates import RELU, compiled, task_path
+
+    cfg = make_cfg(num_timing_trials=4, num_timing_audits=0)
+    task = load_task(task_path("relu"))
+    code = precheck(task, compiled(RELU), cfg)
+    r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
+    assert r.category == Category.PASS, r.feedback
+    assert r.details["timing"]["trials"] == 4 and len(r.details["audits"]) == 1

@@ -59,7 +59,9 @@ def test_check_usage_errors_name_the_path(tmp_path):
     r = cli("check", "--task", bad_task, "--candidate", cand)
     assert r.returncode == 2 and "bad_task.py" in r.stderr and "Model" in r.stderr
     r = cli("check", "--task", RELU_TASK, "--candidate", cand, "--trials", "0")
-    assert r.returncode == 2 and "--trials" in r.stderr
+    assert r.returncode == 2 and "--trials must be >= 1" in r.stderr
+    r = cli("check", "--task", RELU_TASK, "--candidate", cand, "--timing-trials", "0")
+    assert r.returncode == 2 and "--timing-trials must be >= 1" in r.stderr
 
 
 def test_check_json_format_error_and_undecodable_bytes(tmp_path):
@@ -93,7 +95,7 @@ def test_real_candidate_check_then_eval(tmp_path, build_cache):
     """ONE real compiled C++ kernel end to end; eval reuses its build through the shared cache dir."""
     relu = example("relu-correct")["response"]
     r = cli("check", "--task", RELU_TASK, "--candidate", _write(tmp_path, "relu.md", relu), "--json",
-            "--cache", build_cache, "--trials", "3")
+            "--cache", build_cache, "--trials", "3", "--timing-trials", "5")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["category"] == "pass", out["feedback"]
@@ -109,7 +111,8 @@ def test_real_candidate_check_then_eval(tmp_path, build_cache):
     res = tmp_path / "out" / "results.jsonl"
     summary = tmp_path / "out" / "summary.json"
     r = cli("eval", "--tasks", TASKS, "--samples", str(samples), "--out", str(res), "--cache", build_cache,
-            "--trials", "3", "--k", "1", "2", "--compile-workers", "1", "--summary-json", str(summary))
+            "--trials", "3", "--timing-trials", "5", "--k", "1", "2", "--compile-workers", "1",
+            "--summary-json", str(summary))
     assert r.returncode == 0, r.stderr
     got = [json.loads(line) for line in res.read_text().splitlines()]
     assert [g["sample_id"] for g in got] == ["r0", "r1", "prose", "cheat"]
