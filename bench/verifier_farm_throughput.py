@@ -457,6 +457,9 @@ def main() -> int:
                          "(default: the config's); do_bench compares against the first")
     ap.add_argument("--skip", nargs="*", default=[], choices=["serial", "farm", "stability", "do_bench"],
                     help="phases to leave out (without the farm, stability and do_bench build their candidates themselves)")
+    ap.add_argument("--pch", action="store_true",
+                    help="precompiled torch/extension.h on (verifier.pch; off by default, as in the runs before "
+                         "it existed); the serial baseline then runs after the farm and uses the PCH it built")
     ap.add_argument("--no-landlock", action="store_true",
                     help="run sandboxed children without Landlock (VerifierConfig.landlock=False)")
     ap.add_argument("--work-dir", default=None, help="build caches go here (default: a temporary folder)")
@@ -489,19 +492,28 @@ def main() -> int:
     }
 
     def cfg_for(sub: str) -> Any:
+        cache = os.path.join(work, sub)
+        if args.pch and not os.path.exists(os.path.join(cache, "pch")):
+            # serial and farm share one PCH store (each its own build cache): both in their steady state
+            os.makedirs(os.path.join(work, "pch-shared"), exist_ok=True)
+            os.makedirs(cache, exist_ok=True)
+            os.symlink(os.path.join(work, "pch-shared"), os.path.join(cache, "pch"))
         return VerifierConfig(backend="cuda", num_correct_trials=args.trials, landlock=not args.no_landlock,
-                              build_cache_dir=os.path.join(work, sub))
+                              build_cache_dir=cache, pch_after_compiles=4 if args.pch else 0)
 
     # (b) serial first, on its own cache, so nothing it compiles is reused by the farm
     farm_cands = make_candidates(args.num_candidates, f"f{run_id}")
     report["page_cache_warmup"] = warm_page_cache()
-    if "serial" not in args.skip:
+    def serial() -> None:
         phase(f"serial baseline: {args.serial_candidates} candidates")
         serial_cands = make_candidates(args.serial_candidates, f"s{run_id}")
         s = run_serial(serial_cands, tasks, cfg_for("serial"))
         report["serial"] = {"candidates": len(serial_cands), "wall_s": s["wall_s"],
                             "throughput_cand_per_s": len(serial_cands) / s["wall_s"],
                             **_verdicts(serial_cands, s["results"])}
+
+    if "serial" not in args.skip and not args.pch:
+        serial()
     # (a) the farm
     if "farm" not in args.skip:
         phase(f"farm: {len(farm_cands)} candidates, {args.compile_workers} compile workers")
@@ -528,6 +540,8 @@ def main() -> int:
                           "device_occupied_fraction": st["device"]["device_occupied_fraction"],
                           "compile_busy_fraction": st["compile"]["busy_fraction"],
                           "retries": st["retries"], "infra": st["infra_final"], **_verdicts(farm_cands, f["results"])}
+        if "serial" not in args.skip and args.pch:   # after the farm, with the PCH the farm built
+            serial()
         if "serial" in report:
             report["throughput_ratio_farm_over_serial"] = (report["farm"]["throughput_cand_per_s"]
                                                            / report["serial"]["throughput_cand_per_s"])

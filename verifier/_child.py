@@ -193,6 +193,27 @@ def run_compile(job: dict, chan: Channel) -> None:
     chan.send({"op": "compiled", "so": os.path.relpath(so, job["build_dir"])})
 
 
+def run_pch(job: dict, chan: Channel) -> None:
+    """Precompile torch/extension.h with the command the parent derived from an earlier build of the same
+    flags (``verifier.pch``); no candidate code runs here. GCC only: clang neither finds nor reads it."""
+    import subprocess
+    cmd = list(job["cmd"])
+    try:
+        version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        chan.send({"op": "pch_failed", "log": f"{cmd[0]} --version: {e}"})
+        return
+    if "clang" in version.lower() or "Free Software Foundation" not in version:
+        chan.send({"op": "pch_failed", "log": f"not GCC: {version[:200]}"})
+        return
+    r = subprocess.run(cmd, capture_output=True, text=True)   # the parent's deadline kills the process group
+    out = cmd[cmd.index("-o") + 1]
+    if r.returncode != 0 or not os.path.isfile(out):
+        chan.send({"op": "pch_failed", "log": (r.stdout + r.stderr)[-4000:]})
+        return
+    chan.send({"op": "pch_built"})
+
+
 def run_build(job: dict, chan: Channel) -> None:
     import torch  # noqa: F401  (import time is not the candidate's)
 
@@ -752,6 +773,8 @@ def main() -> None:
     mode = job["mode"]
     if mode == "compile":
         run_compile(job, chan)
+    elif mode == "pch":
+        run_pch(job, chan)
     elif mode == "build":
         run_build(job, chan)
     elif mode == "run":

@@ -42,6 +42,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
+from . import pch
 from .config import VerifierConfig
 from .devices import DeviceBackend, get_backend
 from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
@@ -80,7 +81,7 @@ def _toolchain() -> dict[str, Any]:
 
 def cache_root(cfg: VerifierConfig) -> str:
     root = cfg.build_cache_dir or os.path.join(tempfile.gettempdir(), f"verifier-build-cache-{os.getuid()}")
-    for sub in ("ext", "cand", "locks"):
+    for sub in ("ext", "cand", "locks", "pch"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
     return root
 
@@ -135,8 +136,9 @@ def compiler_excerpt(log: str, limit: int = 4000) -> str:
 class ExtensionService:
     """Parent side of ``load_inline`` routing: cache lookups and sandboxed compiles, within a time budget."""
 
-    def __init__(self, cfg: VerifierConfig, backend: DeviceBackend | None = None):
+    def __init__(self, cfg: VerifierConfig, backend: DeviceBackend | None = None, build_pch: bool = True):
         self.cfg = cfg
+        self.build_pch = build_pch   # off in the device stage: it may use a published PCH, never wait for one
         self.backend = backend or get_backend(cfg.backend)
         self.root = cache_root(cfg)
         self.budget_left = float(cfg.compile_timeout_s)
@@ -147,6 +149,7 @@ class ExtensionService:
         self.keys: list[str] = []
         self.seconds = 0.0
         self.isolation: dict[str, Any] | None = None
+        self.pch_store = pch.PchStore(self.root, cfg, self.backend)
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -201,6 +204,38 @@ class ExtensionService:
         return self._ready(key, meta)
 
     def _compile(self, api: str, kwargs: dict[str, Any], key: str, deadline: float) -> dict[str, Any]:
+        """Compile one extension (with its flag set's precompiled header where there is one) and publish it."""
+        pkey = pch.pch_key(api, kwargs, self.cfg, _toolchain())
+        t0 = time.monotonic()
+        pch_dir, built = (self.pch_store.prepare(pkey, t0 + pch.BUILD_TIMEOUT_S, build=self.build_pch) if pkey
+                          else (None, None))
+        spent = time.monotonic() - t0   # building the shared PCH is not this candidate's compile time
+        deadline += spent
+        self.budget_left += spent
+        if pch_dir is None:
+            meta, staging, _ = self._run_compiler(api, kwargs, key, deadline)
+            if pkey and staging:
+                self.pch_store.record_flags(pkey, staging)
+        else:
+            meta, staging, log = self._run_compiler(api, pch.with_pch(kwargs, pch_dir), key, deadline)
+            if staging and not meta["ok"] and pch.may_have_failed_because_of_pch(log):
+                # the verdict on the candidate's code comes from a build without the PCH
+                shutil.rmtree(staging, ignore_errors=True)
+                meta, staging, _ = self._run_compiler(api, kwargs, key, deadline)
+                if meta.get("ok"):
+                    self.pch_store.discard(pkey, log)
+            elif meta.get("ok") and pch.pch_was_rejected(log):   # GCC read the header instead
+                self.pch_store.discard(pkey, log)
+                meta["pch"] = "rejected"
+            else:
+                meta["pch"] = built or "used"
+        if staging is None:
+            return meta
+        return self._publish(key, meta, staging)
+
+    def _run_compiler(self, api: str, kwargs: dict[str, Any], key: str,
+                      deadline: float) -> tuple[dict[str, Any], str | None, str]:
+        """(meta, staging dir to publish or None when the result must not be cached, the whole log)."""
         ext_dir = os.path.join(self.root, "ext")
         staging = os.path.join(ext_dir, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
         os.makedirs(staging)
@@ -228,16 +263,16 @@ class ExtensionService:
         if timed_out:
             self.timed_out = True
             shutil.rmtree(staging, ignore_errors=True)
-            return {"ok": False, "log": f"compilation timed out after {seconds:.0f} s\n{log[-2000:]}"}
+            return {"ok": False, "log": f"compilation timed out after {seconds:.0f} s\n{log[-2000:]}"}, None, log
         if reply is None or reply.get("op") not in ("compiled", "compile_failed"):
             shutil.rmtree(staging, ignore_errors=True)
             if reply is not None and reply.get("op") == "compile_unavailable":
                 self.infra_error = f"extension toolchain unavailable: {reply.get('error', {}).get('message')}"
             elif exit_info.signal in ("SIGKILL", "SIGXCPU", "SIGSEGV", "SIGBUS", "SIGABRT"):
-                return {"ok": False, "log": f"the compiler process was {exit_info.describe()}\n{log[-4000:]}"}
+                return {"ok": False, "log": f"the compiler process was {exit_info.describe()}\n{log[-4000:]}"}, None, log
             else:
                 self.infra_error = f"compile child {exit_info.describe()}: {log[-2000:]}"
-            return {"ok": False, "log": self.infra_error or "compile child failed"}
+            return {"ok": False, "log": self.infra_error or "compile child failed"}, None, log
         self.compiled += 1
         if reply["op"] == "compile_failed":
             # torch streams the compiler output (verbose) to stdout; its exception only names the extension
@@ -246,17 +281,19 @@ class ExtensionService:
             if problem:
                 shutil.rmtree(staging, ignore_errors=True)
                 self.infra_error = f"build host toolchain problem ({problem.group(0)}):\n{compiler_excerpt(full, 2000)}"
-                return {"ok": False, "log": self.infra_error}
-            meta = {"ok": False, "log": full[-_LOG_CHARS:], "seconds": seconds}
-        else:
-            so = os.path.normpath(reply.get("so", ""))
-            if so.startswith("..") or os.path.isabs(so) or not os.path.isfile(os.path.join(staging, so)):
-                shutil.rmtree(staging, ignore_errors=True)
-                return {"ok": False, "log": f"the build produced no usable library ({so!r})"}
-            meta = {"ok": True, "so": so, "module_name": os.path.basename(so).split(".")[0], "seconds": seconds,
-                    "log": log[-4000:]}
+                return {"ok": False, "log": self.infra_error}, None, full
+            return {"ok": False, "log": full[-_LOG_CHARS:], "seconds": seconds}, staging, full
+        so = os.path.normpath(reply.get("so", ""))
+        if so.startswith("..") or os.path.isabs(so) or not os.path.isfile(os.path.join(staging, so)):
+            shutil.rmtree(staging, ignore_errors=True)
+            return {"ok": False, "log": f"the build produced no usable library ({so!r})"}, None, log
+        return ({"ok": True, "so": so, "module_name": os.path.basename(so).split(".")[0], "seconds": seconds,
+                 "log": log[-4000:]}, staging, log)
+
+    def _publish(self, key: str, meta: dict[str, Any], staging: str) -> dict[str, Any]:
+        """Move a finished build into the cache by rename (another process may have published it first)."""
         _write_json(os.path.join(staging, "meta.json"), meta)
-        final = os.path.join(ext_dir, key)
+        final = os.path.join(self.root, "ext", key)
         try:
             os.rename(staging, final)
         except OSError:  # another process published the same key first
@@ -307,7 +344,8 @@ def build_candidate(task: Task, code: str, cfg: VerifierConfig) -> BuildResult:
         # nothing to compile (pure PyTorch/Triton candidate): skip the build child; import errors surface in
         # the device stage, which imports the module anyway
         return BuildResult(True, h, build_dir, "", time.monotonic() - t0, False, details={"skipped": "no load_inline"})
-    lock_deadline = time.monotonic() + cfg.compile_timeout_s + cfg.run_timeout_s + cfg.startup_timeout_s
+    lock_deadline = (time.monotonic() + cfg.compile_timeout_s + cfg.run_timeout_s + cfg.startup_timeout_s
+                     + pch.BUILD_TIMEOUT_S)
     try:
         with file_lock(os.path.join(root, "locks", f"cand-{h}.lock"), lock_deadline):
             if os.path.isfile(record_path):

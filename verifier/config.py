@@ -96,6 +96,9 @@ class VerifierConfig:
     # nice level of build and compile children (and the compilers they run): device-stage children, whose
     # timed calls and wall-clock plausibility checks suffer from CPU scheduling delays, go first
     build_niceness: int = 10
+    # a flag set's precompiled torch/extension.h is built once this many extensions with it were compiled
+    # without one (verifier.pch; 0: never)
+    pch_after_compiles: int = 4
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -120,7 +123,7 @@ class VerifierConfig:
         if not isinstance(self.build_niceness, int) or isinstance(self.build_niceness, bool) or \
                 not 0 <= self.build_niceness <= 19:
             raise ValueError(f"VerifierConfig.build_niceness must be an integer in 0..19, got {self.build_niceness!r}")
-        for name in ("num_warmup", "num_timing_audits", "cpu_flush_bytes"):
+        for name in ("num_warmup", "num_timing_audits", "cpu_flush_bytes", "pch_after_compiles"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"VerifierConfig.{name} must be a non-negative integer, got {v!r}")

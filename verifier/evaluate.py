@@ -382,7 +382,7 @@ class _DeviceStage:
         # a warm spare was started before this stage began (by the previous candidate's stage)
         self.details["child"] = {"pid": self.child.proc.pid if self.child.proc else None,
                                  "started_s_before_stage": round(max(0.0, self._last_lap - self.child.started_at), 3)}
-        self.service = ExtensionService(cfg, self.backend)
+        self.service = ExtensionService(cfg, self.backend, build_pch=False)
         self.conv = _Conversation(self.child, self.service, cfg.startup_timeout_s, started.messages)
         hello = self.conv.expect()
         self.details["isolation"] = hello.get("isolation")

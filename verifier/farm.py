@@ -32,6 +32,7 @@ import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 from .farm_workers import ProcessSlot, SlotCrashed, SlotError, SlotWedged, ThreadSlot
+from .pch import BUILD_TIMEOUT_S
 from .result_cache import ResultCache, cache_key, config_fingerprint, sha256_text
 from .size_profiles import apply_size_profile
 from .types import Category, VerifyResult
@@ -69,7 +70,7 @@ class FarmConfig:
     # worker and flips process-global torch flags, and a wedged device worker must be killable.
     compile_mode: str = "thread"              # "thread" | "process" (spawned workers)
     device_mode: str = "process"              # "process" (one spawned worker per device) | "thread"
-    compile_deadline_s: float | None = None   # hang watchdog; None: compile_timeout_s + 120
+    compile_deadline_s: float | None = None   # hang watchdog; None: compile_timeout_s + 120 (+ a PCH build)
     device_deadline_s: float | None = None    # hang watchdog; None: from the run, start-up and device-wait limits
     recycle_after: int = 200                  # restart a process worker after this many calls
     # device workers keep one sandboxed run child started ahead of the next candidate (its interpreter,
@@ -248,7 +249,9 @@ class VerifierFarm:
         self._unfinished: set[_Job] = set()
 
         n_compile = farm.compile_workers or os.cpu_count() or 1
-        compile_deadline = farm.compile_deadline_s or (getattr(cfg, "compile_timeout_s", 600.0) + 120.0)
+        # a build may also make its flag set's precompiled header (verifier.pch), outside its compile budget
+        compile_deadline = farm.compile_deadline_s or (getattr(cfg, "compile_timeout_s", 600.0) + 120.0
+                                                       + (BUILD_TIMEOUT_S if getattr(cfg, "pch_after_compiles", 0) else 0))
         # a stage may also wait for the device twice (shared, then exclusive) and for its warm spare
         device_deadline = farm.device_deadline_s or (2 * getattr(cfg, "run_timeout_s", 180.0) + 120.0
                                                      + 2 * getattr(cfg, "device_wait_timeout_s", 0.0)

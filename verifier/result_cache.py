@@ -30,7 +30,8 @@ def config_fingerprint(cfg: Any) -> str:
         d = dataclasses.asdict(cfg)
     else:
         d = dict(vars(cfg))
-    for k in ("build_cache_dir", "max_jobs", "work_dir", "device_lock_dir", "device_wait_timeout_s", "build_niceness"):
+    for k in ("build_cache_dir", "max_jobs", "work_dir", "device_lock_dir", "device_wait_timeout_s", "build_niceness",
+              "pch_after_compiles"):
         d.pop(k, None)
     return sha256_text(json.dumps(d, sort_keys=True, default=str))[:16]
 

@@ -270,7 +270,7 @@ class ChildExit:
 def policy_for(cfg, writable: list[str], mode: str = "run") -> dict[str, Any]:
     return {
         # builds yield the CPU to device-stage children, whose timed calls are sensitive to scheduling
-        "niceness": int(getattr(cfg, "build_niceness", 0)) if mode in ("build", "compile") else 0,
+        "niceness": int(getattr(cfg, "build_niceness", 0)) if mode in ("build", "compile", "pch") else 0,
         "network": bool(cfg.network_isolation),
         "landlock": bool(cfg.landlock),
         "drop_capabilities": bool(cfg.drop_capabilities),

@@ -1,0 +1,145 @@
+"""Precompiled torch/extension.h (verifier.pch): which builds share one, where its flags come from, and that
+a PCH GCC cannot use (or that breaks a build) never changes a verdict."""
+import os
+import subprocess
+
+import pytest
+
+from verifier import pch
+from verifier.config import VerifierConfig
+from verifier.pch import may_have_failed_because_of_pch, parse_ninja_flags, pch_key, pch_was_rejected
+
+TOOLCHAIN = {"torch": "2.x", "cuda": None, "python": "3.12"}
+ARGS = {"name": "a", "cpp_sources": "int f();", "functions": ["f"], "extra_cflags": ["-O2"]}
+
+
+def key(**change):
+    return pch_key(pch.TORCH_LOAD_INLINE, {**ARGS, **change}, VerifierConfig(), TOOLCHAIN)
+
+
+def test_one_key_per_flag_set_not_per_source():
+    assert key() == key(name="b", cpp_sources="int g();", functions=["g"], verbose=True)
+    assert key() != key(extra_cflags=["-O3"])
+    assert key() != key(extra_include_paths=["/x"])
+    assert key() != key(cuda_sources="__global__ void k() {}")         # the CUDA build's C++ flags differ
+    assert key() != pch_key(pch.TORCH_LOAD_INLINE, ARGS, VerifierConfig(backend="cuda"), TOOLCHAIN)
+    assert key() != pch_key(pch.TORCH_LOAD_INLINE, ARGS, VerifierConfig(), {**TOOLCHAIN, "torch": "2.y"})
+
+
+@pytest.mark.parametrize("change", [{"use_pch": True}, {"no_implicit_headers": True}, {"extra_cflags": "-O2"},
+                                    {"extra_cflags": [1]}])
+def test_no_pch_where_it_cannot_apply(change):
+    assert key(**change) is None
+
+
+def test_no_pch_for_other_toolchains_or_when_switched_off():
+    assert pch_key("torch_musa.utils.musa_extension.load_inline", ARGS, VerifierConfig(), TOOLCHAIN) is None
+    assert pch_key(pch.TORCH_LOAD_INLINE, ARGS, VerifierConfig(pch_after_compiles=0), TOOLCHAIN) is None
+    with pytest.raises(ValueError, match="pch_after_compiles"):
+        VerifierConfig(pch_after_compiles=-1)
+
+
+def test_flags_come_from_torch_build_ninja_without_the_extension_name():
+    text = ("ninja_required_version = 1.3\ncxx = c++\n\ncflags = -DTORCH_EXTENSION_NAME=vc_x "
+            "-DTORCH_API_INCLUDE_EXTENSION_H -isystem /opt/my$ torch/include -fPIC -std=c++17 -O2\n"
+            "post_cflags = -DX=1\nldflags = -shared\n\nrule compile\n"
+            "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags\n")
+    assert parse_ninja_flags(text) == {
+        "cxx": "c++", "post_cflags": ["-DX=1"],
+        "cflags": ["-DTORCH_API_INCLUDE_EXTENSION_H", "-isystem", "/opt/my torch/include", "-fPIC", "-std=c++17",
+                   "-O2"]}
+    assert parse_ninja_flags("cflags = -O2\n") is None                      # no compiler named
+    assert parse_ninja_flags("cxx = c++\ncflags = -c x.cpp -o y.o\n") is None  # not a flags line torch writes
+    assert parse_ninja_flags("cxx = c++\ncflags = -I'unterminated\n") is None
+
+
+def test_which_failed_builds_are_tried_again_without_the_pch():
+    nvcc_only = "FAILED: cuda.cuda.o\ncuda.cu(3): error: identifier \"x\" is undefined\n"
+    assert not may_have_failed_because_of_pch(nvcc_only)                 # nvcc never sees the PCH
+    assert may_have_failed_because_of_pch("FAILED: main.o\nmain.cpp:5:1: error: expected ';'\n")
+    assert may_have_failed_because_of_pch(nvcc_only + "cc1plus: error: one or more PCH files were found, "
+                                          "but they were invalid\n")
+    assert may_have_failed_because_of_pch("Error building extension 'x'")  # no step named: be safe
+
+
+def test_gcc_says_when_it_does_not_use_a_pch(tmp_path):
+    """The warning text pch_was_rejected looks for, from the real compiler (a tiny header, no torch)."""
+    (tmp_path / "inc" / "torch").mkdir(parents=True)
+    (tmp_path / "inc" / "torch" / "extension.h").write_text("#pragma once\nint answer();\n")
+    (tmp_path / "pch" / "torch").mkdir(parents=True)
+    (tmp_path / "pch" / "torch" / "extension.h.gch").write_bytes(b"not a precompiled header at all")
+    (tmp_path / "main.cpp").write_text("#include <torch/extension.h>\nint main() { return 0; }\n")
+    r = subprocess.run(["c++", f"-I{tmp_path / 'pch'}", "-isystem", str(tmp_path / "inc"), "-Winvalid-pch",
+                        "-fsyntax-only", str(tmp_path / "main.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr                     # GCC fell back to the header
+    assert pch_was_rejected(r.stderr), r.stderr
+    assert not pch_was_rejected("FAILED: main.o\nmain.cpp:5:1: error: expected ';'\n")
+
+
+# one small function: the header, not the bindings, dominates its build
+TINY_RELU = '''```python
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="pch_relu_TAG", cpp_sources=r"""
+torch::Tensor relu(torch::Tensor a) {
+  TORCH_CHECK(a.is_contiguous() && a.scalar_type() == torch::kFloat32, "expected contiguous float32");
+  auto out = torch::empty_like(a);
+  const float* x = a.data_ptr<float>(); float* o = out.data_ptr<float>();
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] > 0.f ? x[i] : 0.f;
+  return out;
+}""", functions=["relu"], extra_cflags=["-O2"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.relu(x)
+```'''
+
+
+@pytest.mark.slow
+def test_builds_of_one_flag_set_share_a_pch_and_verdicts_do_not_change(tmp_path):
+    """First build: no PCH, its flags recorded. Second: the PCH is built and used, and the candidate built
+    with it passes. A PCH GCC cannot read is dropped (the build still succeeds) and never built again."""
+    import json
+
+    from verifier.build import build_candidate
+    from verifier.evaluate import precheck, run_candidate
+    from verifier.pch import PchStore
+    from verifier.tasks import load_task
+    from verifier.types import Category
+
+    from .candidates import task_path
+
+    cfg = VerifierConfig(build_cache_dir=str(tmp_path / "cache"), pch_after_compiles=1, max_jobs=1,
+                         num_timing_trials=3, num_warmup=1, time_budget_s=2.0)
+    task = load_task(task_path("relu"))
+
+    def build(tag):
+        code = precheck(task, TINY_RELU.replace("TAG", tag), cfg)
+        b = build_candidate(task, code, cfg)
+        assert b.ok, b.log_tail
+        with open(os.path.join(cfg.build_cache_dir, "ext", b.extensions[0], "meta.json")) as f:
+            return code, b, json.load(f)
+
+    _, _, first = build("a")
+    assert first.get("pch") is None
+    pch_dir = os.path.join(cfg.build_cache_dir, "pch")
+    (flags_file,) = [f for f in os.listdir(pch_dir) if f.endswith(".flags.json")]
+    k = flags_file[:-len(".flags.json")]
+    code, b, second = build("b")
+    assert second["pch"] == "built" and not pch_was_rejected(second["log"])
+    gch = os.path.join(pch_dir, k, "torch", "extension.h.gch")
+    assert os.path.getsize(gch) > 1 << 20
+    r = run_candidate(task, code, b, cfg)
+    assert r.category == Category.PASS, r.feedback
+
+    with open(gch, "wb") as f:                      # a PCH GCC cannot use: the build goes on without it
+        f.write(b"garbage")
+    code, b, third = build("c")
+    assert third["pch"] == "rejected"
+    assert run_candidate(task, code, b, cfg).category == Category.PASS
+    assert not os.path.exists(os.path.join(pch_dir, k)) and os.path.exists(os.path.join(pch_dir, k + ".failed"))
+    import time
+    assert PchStore(cfg.build_cache_dir, cfg, None).prepare(k, time.monotonic() + 60) == (None, None)  # not again
