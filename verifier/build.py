@@ -150,6 +150,7 @@ class ExtensionService:
         self.seconds = 0.0
         self.isolation: dict[str, Any] | None = None
         self.pch_store = pch.PchStore(self.root, cfg, self.backend)
+        self.pch_built = False
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -189,11 +190,12 @@ class ExtensionService:
             if self.budget_left <= 0:
                 self.timed_out = True
                 return self._fail(f"compile time budget of {self.cfg.compile_timeout_s:.0f} s is used up")
+            pkey, pch_dir, built = self._pch_for(api, kwargs)   # before the lock: nobody waits on a PCH build
             deadline = time.monotonic() + self.budget_left
             t0 = time.monotonic()
             try:
                 with file_lock(os.path.join(self.root, "locks", f"ext-{key}.lock"), deadline):
-                    meta = self._lookup(key) or self._compile(api, kwargs, key, deadline)
+                    meta = self._lookup(key) or self._compile(api, kwargs, key, deadline, pkey, pch_dir, built)
             except TimeoutError:
                 self.timed_out = True
                 meta = {"ok": False, "log": "timed out waiting for a concurrent build of the same extension"}
@@ -203,28 +205,38 @@ class ExtensionService:
             return self._fail(meta.get("log", "extension build failed"))
         return self._ready(key, meta)
 
-    def _compile(self, api: str, kwargs: dict[str, Any], key: str, deadline: float) -> dict[str, Any]:
-        """Compile one extension (with its flag set's precompiled header where there is one) and publish it."""
+    def _pch_for(self, api: str, kwargs: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+        """(flag-set key, PCH dir to build with, "built" if this call made it). Called outside the compile
+        budget's clock: a PCH build is not this candidate's compile time, and one candidate triggers at most
+        one."""
         pkey = pch.pch_key(api, kwargs, self.cfg, _toolchain())
-        t0 = time.monotonic()
-        pch_dir, built = (self.pch_store.prepare(pkey, t0 + pch.BUILD_TIMEOUT_S, build=self.build_pch) if pkey
-                          else (None, None))
-        spent = time.monotonic() - t0   # building the shared PCH is not this candidate's compile time
-        deadline += spent
-        self.budget_left += spent
+        if pkey is None:
+            return None, None, None
+        pch_dir, built = self.pch_store.prepare(pkey, time.monotonic() + pch.BUILD_TIMEOUT_S,
+                                                build=self.build_pch and not self.pch_built)
+        self.pch_built = self.pch_built or built is not None
+        return pkey, pch_dir, built
+
+    def _compile(self, api: str, kwargs: dict[str, Any], key: str, deadline: float, pkey: str | None,
+                 pch_dir: str | None, built: str | None) -> dict[str, Any]:
+        """Compile one extension (with its flag set's precompiled header where there is one) and publish it."""
         if pch_dir is None:
             meta, staging, _ = self._run_compiler(api, kwargs, key, deadline)
             if pkey and staging:
                 self.pch_store.record_flags(pkey, staging)
         else:
+            t0 = time.monotonic()
             meta, staging, log = self._run_compiler(api, pch.with_pch(kwargs, pch_dir), key, deadline)
+            rejected = pch.pch_was_rejected(log)   # GCC read the header instead
             if staging and not meta["ok"] and pch.may_have_failed_because_of_pch(log):
-                # the verdict on the candidate's code comes from a build without the PCH
+                # the verdict on the candidate's code comes from a build without the PCH, on its own clock
                 shutil.rmtree(staging, ignore_errors=True)
-                meta, staging, _ = self._run_compiler(api, kwargs, key, deadline)
-                if meta.get("ok"):
+                spent = time.monotonic() - t0
+                self.budget_left += spent
+                meta, staging, _ = self._run_compiler(api, kwargs, key, deadline + spent)
+                if meta.get("ok") or rejected:
                     self.pch_store.discard(pkey, log)
-            elif meta.get("ok") and pch.pch_was_rejected(log):   # GCC read the header instead
+            elif rejected:
                 self.pch_store.discard(pkey, log)
                 meta["pch"] = "rejected"
             else:

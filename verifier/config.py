@@ -43,7 +43,7 @@ class VerifierConfig:
     # median over these; on an H200 the speedup's CV over 5 fresh runs was 1.1 % at 20 trials, 0.9-1.0 % at 60
     # and 0.7 % at 120 (bench/results/verifier_timing_h200.md); a trial of a sub-ms kernel costs ~20 ms
     num_timing_trials: int = 120
-    time_budget_s: float = 10.0          # stop timing early once this much timing wall time is spent
+    time_budget_s: float = 10.0          # timing ends once its trials, at their median pace, add up to this
     timing_batch_ms: float = 20.0        # each trial times this much back-to-back calls per runner (do_bench style)
     max_timing_reps: int = 100           # at most this many calls per runner and trial, each on fresh inputs
     timing_memory_bytes: int = 4 * GiB   # the trial's fresh inputs and kept-alive outputs fit in this

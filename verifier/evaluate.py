@@ -739,16 +739,18 @@ class _DeviceStage:
         self.details["flush_bytes"] = warm.get("flush_bytes")
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
         calls: list[TimedCall] = []
-        t_start = time.monotonic()
+        trial_s: list[float] = []   # parent wall time of each trial
         done = 0
         last_checked = -1   # the last trial whose timed output was audited
         for j in range(cfg.num_timing_trials):
-            elapsed = time.monotonic() - t_start
-            if j >= 3 and elapsed > cfg.time_budget_s:
+            # the budget counts trials at their median pace, so one stalled call cannot end timing early (and
+            # with it the chance of an audit); the run timeout still bounds a candidate that stalls throughout
+            pace = statistics.median(trial_s) if trial_s else 0.0
+            if j >= 3 and pace * j > cfg.time_budget_s:
                 break
-            # the trial that is probably the last one (the count or the budget, at the pace so far) is audited
-            # too, so that behaving only in early trials gains nothing; the candidate cannot see the parent's clock
-            last = j == cfg.num_timing_trials - 1 or (j >= 3 and elapsed * (j + 1) / j > cfg.time_budget_s)
+            # the trial that will probably end timing is audited too, so behaving only early gains nothing
+            last = j == cfg.num_timing_trials - 1 or (j + 1 >= 3 and pace * (j + 1) > cfg.time_budget_s)
+            t_trial = time.monotonic()
             n = reps
             seeds = [secrets.randbits(63) for _ in range(n)]
             self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
@@ -789,6 +791,7 @@ class _DeviceStage:
             for c in trial.values():
                 c.floor_flush_ms = ref_flush * c.reps if math.isfinite(ref_flush) else 0.0
             calls.extend(trial[r] for r in order)
+            trial_s.append(time.monotonic() - t_trial)
             done += 1
         if last_checked != done - 1:   # timing ended sooner than its pace predicted: a hidden trial at the end
             self._hidden_trial(ref_model)

@@ -16,6 +16,11 @@ costs speed, never a verdict. GCC does not check the header's content, so the ke
   into a staging dir; only this process publishes it, by rename. Concurrent compiles of the same key do
   not wait for it: they build without.
 - Only the C++ compile sees it (``extra_cflags``); ``nvcc`` never does.
+- Trust: one PCH serves every candidate with the same flags, so PCHs are made and used only where Landlock
+  keeps sandboxed children from writing the store (``writes_confined``); a recorded command must name a GCC
+  C++ driver and carry no flag that adds more than torch's header or runs other programs (``_UNSAFE_FLAG``).
+- Limits: at most ``MAX_ENTRIES`` PCHs and none on a disk with less than ``MIN_FREE_BYTES`` free; a build
+  GCC rejects or that failed through one (and passed without) retires its key for good.
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ from .config import VerifierConfig
 
 TORCH_LOAD_INLINE = "torch.utils.cpp_extension.load_inline"
 BUILD_TIMEOUT_S = 600.0   # one PCH build (~55 CPU-s); not charged to the candidate whose build triggered it
+MAX_ENTRIES = 8           # published PCHs per store (~750 MB each); no new one beyond
+MIN_FREE_BYTES = 8 << 30  # nor when the disk has less free space than this
 _GCH = os.path.join("torch", "extension.h.gch")
 # arguments that never reach the compiler command line of main.cpp
 _NOT_FLAGS = ("name", "cpp_sources", "cuda_sources", "sycl_sources", "functions", "verbose", "build_directory",
@@ -41,12 +48,16 @@ _NOT_FLAGS = ("name", "cpp_sources", "cuda_sources", "sycl_sources", "functions"
 # GCC telling that it did not use the PCH, or failing on it
 _PCH_TROUBLE = re.compile(r"extension\.h\.gch|precompiled header|\bPCH\b", re.IGNORECASE)
 _NINJA_VAR = re.compile(r"^(cxx|cflags|post_cflags) = (.*)$", re.MULTILINE)
+# never in a PCH command: output or compile-only switches, and what would put more than torch's header into
+# it (forced includes) or run other programs (wrappers, plugins, tool dirs, spec files)
+_GCC_NAME = re.compile(r"^([\w.]+-)*(g\+\+|c\+\+)(-\d+(\.\d+)*)?$")   # c++, g++-12, x86_64-linux-gnu-g++
+_UNSAFE_FLAG = re.compile(r"-(c|o|E|S|include|imacros|wrapper|B|fplugin|specs|save-temps|x)($|=|\S)")
 
 
 def pch_key(api: str, kwargs: dict[str, Any], cfg: VerifierConfig, toolchain: dict[str, Any]) -> str | None:
     """The flag set's key, or None where a PCH does not apply (another toolchain's load_inline, torch's own
     PCH, no implicit torch header, flags torch would reject anyway)."""
-    if cfg.pch_after_compiles <= 0 or api != TORCH_LOAD_INLINE:
+    if cfg.pch_after_compiles <= 0 or api != TORCH_LOAD_INLINE or not writes_confined(cfg):
         return None
     if kwargs.get("use_pch") or kwargs.get("no_implicit_headers"):
         return None
@@ -56,8 +67,16 @@ def pch_key(api: str, kwargs: dict[str, Any], cfg: VerifierConfig, toolchain: di
     flags = {k: v for k, v in kwargs.items() if k not in _NOT_FLAGS}
     blob = json.dumps({"flags": flags, "has_cuda_sources": bool(kwargs.get("cuda_sources")),
                        "has_sycl_sources": bool(kwargs.get("sycl_sources")), "backend": cfg.backend, "arch": cfg.arch_list(),
-                       "torch_include": torch_include_dir(), **toolchain}, sort_keys=True, default=str)
+                       "torch_include": torch_include_dir(), "header": _header_identity(), **toolchain},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+def writes_confined(cfg: VerifierConfig) -> bool:
+    """PCHs are shared by every candidate with the same flags, so they are only made and used where no
+    sandboxed child can write the PCH store (Landlock on and supported by the kernel)."""
+    from .sandbox import landlock_abi
+    return bool(cfg.landlock) and landlock_abi() >= 1
 
 
 def torch_include_dir() -> str:
@@ -65,9 +84,18 @@ def torch_include_dir() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
 
 
+def _header_identity() -> list[int]:
+    """GCC does not check the header a PCH was made from: a reinstall of the same torch version must not
+    reuse one (files written anew get new times)."""
+    st = os.stat(os.path.join(torch_include_dir(), "torch", "extension.h"))
+    return [st.st_mtime_ns, st.st_size, st.st_ino]
+
+
 def with_pch(kwargs: dict[str, Any], pch_dir: str) -> dict[str, Any]:
     """``load_inline`` arguments whose C++ compile finds the PCH first (and says if it cannot use it)."""
-    return dict(kwargs, extra_cflags=list(kwargs.get("extra_cflags") or []) + [f"-I{pch_dir}", "-Winvalid-pch"])
+    # torch joins the flags into a ninja command run by the shell: quote the path
+    return dict(kwargs, extra_cflags=list(kwargs.get("extra_cflags") or [])
+                + [shlex.quote(f"-I{pch_dir}"), "-Winvalid-pch"])
 
 
 def may_have_failed_because_of_pch(log: str) -> bool:
@@ -91,14 +119,14 @@ def parse_ninja_flags(text: str) -> dict[str, Any] | None:
     if "cxx" not in found or "cflags" not in found:
         return None
     try:
-        unescape = lambda s: s.replace("$ ", "\0").replace("$:", ":").replace("$$", "$")  # noqa: E731
-        split = lambda s: [t.replace("\0", " ") for t in shlex.split(unescape(s))]  # noqa: E731
+        split = lambda s: [t.replace("\1", "$").replace("\0", " ")  # noqa: E731
+                           for t in shlex.split(s.replace("$$", "\1").replace("$ ", "\0").replace("$:", ":"))]
         cxx = split(found["cxx"])
         cflags = [f for f in split(found["cflags"]) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
         post = split(found.get("post_cflags", ""))
     except ValueError:
         return None
-    if len(cxx) != 1 or "-c" in cflags or "-o" in cflags:
+    if len(cxx) != 1 or not _GCC_NAME.match(os.path.basename(cxx[0])) or any(_UNSAFE_FLAG.match(f) or "$" in f or "`" in f for f in cflags + post):
         return None
     return {"cxx": cxx[0], "cflags": cflags, "post_cflags": post}
 
@@ -134,6 +162,8 @@ class PchStore:
         flags = self._flags(key)
         if not build or flags is None or os.path.getsize(self._path(key, ".count")) <= self.cfg.pch_after_compiles:
             return None, None
+        if not self._room():
+            return None, None
         from .build import file_lock
         try:
             with file_lock(os.path.join(self.locks, f"pch-{key}.lock"), time.monotonic()):  # one try: no waiting
@@ -160,6 +190,22 @@ class PchStore:
         from .build import _write_json
         _write_json(self._path(key, ".failed"), {"reason": reason[-2000:]})
         shutil.rmtree(self._path(key), ignore_errors=True)
+
+    def _room(self) -> bool:
+        """Room for one more PCH: fewer than MAX_ENTRIES and enough free disk. Sweeps staging dirs that a
+        killed build left behind (older than two builds' time)."""
+        now, published = time.time(), 0
+        for name in os.listdir(self.dir):
+            path = os.path.join(self.dir, name)
+            if name.startswith(".tmp-"):
+                try:
+                    if now - os.path.getmtime(path) > 2 * BUILD_TIMEOUT_S:
+                        shutil.rmtree(path, ignore_errors=True)
+                except OSError:
+                    pass
+            elif os.path.isfile(os.path.join(path, _GCH)):
+                published += 1
+        return published < MAX_ENTRIES and shutil.disk_usage(self.dir).free >= MIN_FREE_BYTES
 
     def _flags(self, key: str) -> dict[str, Any] | None:
         if os.path.exists(self._path(key, ".failed")):
@@ -189,13 +235,13 @@ class PchStore:
         except (ChildFailed, ProtocolError):
             reply = None
         finally:
-            exit_info = child.close(grace_s=2.0, timed_out=timed_out)
+            child.close(grace_s=2.0, timed_out=timed_out)
             shutil.rmtree(workdir, ignore_errors=True)
         if not reply or reply.get("op") != "pch_built" or not os.path.isfile(os.path.join(staging, _GCH)):
             shutil.rmtree(staging, ignore_errors=True)
-            if not timed_out:   # a deterministic failure (not GCC, flags it refuses): do not try again
-                self.discard(key, (reply or {}).get("log") or exit_info.describe())
-            return None
+            if reply and reply.get("op") == "pch_failed":   # the compiler refused (not GCC, flags): not again
+                self.discard(key, reply.get("log") or "")
+            return None   # a timeout or a crashed child may be transient: a later build tries again
         try:
             os.rename(staging, self._path(key))
         except OSError:   # published meanwhile

@@ -67,6 +67,15 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none); what a child confining itself would get."""
+    try:
+        abi = _libc().syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except (OSError, AttributeError):
+        return 0
+    return max(int(abi), 0)
+
+
 def _landlock(libc, writable: list[str], device_dirs: list[str], deny_tcp: bool) -> dict[str, Any]:
     abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:

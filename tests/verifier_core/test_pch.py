@@ -1,6 +1,7 @@
 """Precompiled torch/extension.h (verifier.pch): which builds share one, where its flags come from, and that
 a PCH GCC cannot use (or that breaks a build) never changes a verdict."""
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -10,6 +11,13 @@ from verifier.config import VerifierConfig
 from verifier.pch import may_have_failed_because_of_pch, parse_ninja_flags, pch_key, pch_was_rejected
 
 TOOLCHAIN = {"torch": "2.x", "cuda": None, "python": "3.12"}
+
+
+@pytest.fixture(autouse=True)
+def confined(request, monkeypatch):
+    """Keys need confined writes (Landlock); the unit tests here do not depend on the host kernel's."""
+    if "slow" not in request.keywords:
+        monkeypatch.setattr(pch, "writes_confined", lambda cfg: bool(cfg.landlock))
 ARGS = {"name": "a", "cpp_sources": "int f();", "functions": ["f"], "extra_cflags": ["-O2"]}
 
 
@@ -37,6 +45,8 @@ def test_no_pch_for_other_toolchains_or_when_switched_off():
     assert pch_key(pch.TORCH_LOAD_INLINE, ARGS, VerifierConfig(pch_after_compiles=0), TOOLCHAIN) is None
     with pytest.raises(ValueError, match="pch_after_compiles"):
         VerifierConfig(pch_after_compiles=-1)
+    # shared by every candidate with the same flags: only where sandboxed children cannot write the store
+    assert pch_key(pch.TORCH_LOAD_INLINE, ARGS, VerifierConfig(landlock=False), TOOLCHAIN) is None
 
 
 def test_flags_come_from_torch_build_ninja_without_the_extension_name():
@@ -48,9 +58,33 @@ def test_flags_come_from_torch_build_ninja_without_the_extension_name():
         "cxx": "c++", "post_cflags": ["-DX=1"],
         "cflags": ["-DTORCH_API_INCLUDE_EXTENSION_H", "-isystem", "/opt/my torch/include", "-fPIC", "-std=c++17",
                    "-O2"]}
+    assert parse_ninja_flags("cxx = x86_64-linux-gnu-g++-12\ncflags = -O2\n")["cxx"] == "x86_64-linux-gnu-g++-12"
     assert parse_ninja_flags("cflags = -O2\n") is None                      # no compiler named
+    for cxx in ("/bin/bash", "clang++", "sh -c"):                            # not a GCC C++ driver
+        assert parse_ninja_flags(f"cxx = {cxx}\ncflags = -O2\n") is None, cxx
+    for flag in ("-include /tmp/evil.h", "-imacros m.h", "-wrapper gdb", "-B/tmp/bin", "-fplugin=x.so",
+                 "-specs=s", "-save-temps", "-DX=`id`", "-DX=$y", "-DX=$$HOME"):
+        # more than torch's header, programs, or what the shell running torch's own build would expand
+        assert parse_ninja_flags(f"cxx = c++\ncflags = -O2 {flag}\n") is None, flag
     assert parse_ninja_flags("cxx = c++\ncflags = -c x.cpp -o y.o\n") is None  # not a flags line torch writes
     assert parse_ninja_flags("cxx = c++\ncflags = -I'unterminated\n") is None
+
+
+def test_no_new_pch_without_room(tmp_path, monkeypatch):
+    from verifier.pch import MAX_ENTRIES, PchStore
+    store = PchStore(str(tmp_path), VerifierConfig(), None)
+    assert store._room()
+    for i in range(MAX_ENTRIES):
+        os.makedirs(os.path.join(store.dir, f"k{i}", "torch"))
+        open(os.path.join(store.dir, f"k{i}", "torch", "extension.h.gch"), "wb").close()
+    assert not store._room()
+    stale = os.path.join(store.dir, ".tmp-k-dead")
+    os.makedirs(stale)
+    os.utime(stale, (0, 0))                     # left by a killed build long ago: swept
+    shutil.rmtree(os.path.join(store.dir, "k0"))
+    assert store._room() and not os.path.exists(stale)
+    monkeypatch.setattr(pch, "MIN_FREE_BYTES", 1 << 62)
+    assert not store._room()                    # not on a full disk either
 
 
 def test_which_failed_builds_are_tried_again_without_the_pch():
@@ -112,6 +146,8 @@ def test_builds_of_one_flag_set_share_a_pch_and_verdicts_do_not_change(tmp_path)
 
     from .candidates import task_path
 
+    if not pch.writes_confined(VerifierConfig()):
+        pytest.skip("no Landlock on this kernel: PCHs are off by design")
     cfg = VerifierConfig(build_cache_dir=str(tmp_path / "cache"), pch_after_compiles=1, max_jobs=1,
                          num_timing_trials=3, num_warmup=1, time_budget_s=2.0)
     task = load_task(task_path("relu"))

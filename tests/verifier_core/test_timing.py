@@ -168,3 +168,38 @@ def test_the_last_timed_trial_is_always_audited(make_cfg):
     r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
     assert r.category == Category.PASS, r.feedback
     assert r.details["timing"]["trials"] == 4 and len(r.details["audits"]) == 1
+
+
+STALL_ONCE = '''
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 40:          # one long call, early in timing
+            spin = 0
+            for i in range(40000000):
+                spin += i
+        return ext.relu(x)
+'''
+
+
+def test_one_stalled_call_does_not_end_timing_early(make_cfg):
+    """The time budget counts trials at their median pace: a candidate cannot cut timing short (and the
+    audits with it) by stalling once."""
+    from verifier.build import build_candidate
+    from verifier.evaluate import precheck, run_candidate
+    from verifier.tasks import load_task
+    from verifier.types import Category
+
+    from .candidates import compiled, task_path
+
+    cfg = make_cfg(num_timing_trials=6, time_budget_s=1.0)
+    task = load_task(task_path("relu"))
+    code = precheck(task, compiled(STALL_ONCE), cfg)
+    r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
+    assert r.category == Category.PASS, r.feedback
+    assert r.details["timing"]["trials"] == 6
+    assert max(r.details["timing"]["wall_ms"]["max"], 0) > 1000     # the stall did happen inside timing
