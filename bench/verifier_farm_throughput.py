@@ -501,9 +501,11 @@ def main() -> int:
         return VerifierConfig(backend="cuda", num_correct_trials=args.trials, landlock=not args.no_landlock,
                               build_cache_dir=cache, pch_after_compiles=4 if args.pch else 0)
 
-    # (b) serial first, on its own cache, so nothing it compiles is reused by the farm
+    # (b) serial first, on its own cache, so nothing it compiles is reused by the farm (with --pch: after the
+    # farm, sharing only the PCH the farm built)
     farm_cands = make_candidates(args.num_candidates, f"f{run_id}")
     report["page_cache_warmup"] = warm_page_cache()
+
     def serial() -> None:
         phase(f"serial baseline: {args.serial_candidates} candidates")
         serial_cands = make_candidates(args.serial_candidates, f"s{run_id}")
