@@ -45,7 +45,7 @@ from typing import Any, Iterator
 from . import pch
 from .config import VerifierConfig
 from .devices import DeviceBackend, get_backend
-from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
+from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild, run_one_shot
 from .tasks import Task
 
 _LOG_CHARS = 20000
@@ -251,25 +251,13 @@ class ExtensionService:
         ext_dir = os.path.join(self.root, "ext")
         staging = os.path.join(ext_dir, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
         os.makedirs(staging)
-        workdir = tempfile.mkdtemp(prefix="verifier-compile-", dir=self.cfg.work_dir)
         job = {"backend": self.cfg.backend, "api": api, "kwargs": kwargs, "build_dir": staging,
                "log_chars": _LOG_CHARS}
-        child = SandboxedChild("compile", job, self.cfg, self.backend, workdir, writable=[staging])
         t0 = time.monotonic()
-        reply: dict[str, Any] | None = None
-        timed_out = False
-        try:
-            child.start()
-            hello = child.recv(deadline)
-            self.isolation = hello.get("isolation")
-            reply = child.recv(deadline)
-        except ChildTimeout:
-            timed_out = True
-        except (ChildFailed, ProtocolError):
-            reply = None
-        finally:
-            exit_info = child.close(grace_s=2.0, timed_out=timed_out)
-            shutil.rmtree(workdir, ignore_errors=True)
+        run = run_one_shot("compile", job, self.cfg, self.backend, [staging], deadline, "verifier-compile-")
+        if run.hello:
+            self.isolation = run.hello.get("isolation")
+        reply, timed_out, exit_info = run.reply, run.timed_out, run.exit
         seconds = time.monotonic() - t0
         log = (exit_info.stdout_tail + "\n" + exit_info.stderr_tail).strip()
         if timed_out:

@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import shutil
-import tempfile
 import time
 import uuid
 from typing import Any
@@ -217,26 +216,13 @@ class PchStore:
             return None
 
     def _build(self, key: str, flags: dict[str, Any], deadline: float) -> str | None:
-        from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
+        from .sandbox import run_one_shot
         staging = self._path(f".tmp-{key}-{uuid.uuid4().hex[:8]}")
         os.makedirs(os.path.join(staging, "torch"))
-        workdir = tempfile.mkdtemp(prefix="verifier-pch-", dir=self.cfg.work_dir)
         header = os.path.join(torch_include_dir(), "torch", "extension.h")
         cmd = [flags["cxx"], *flags["cflags"], "-x", "c++-header", header, *flags["post_cflags"],
                "-o", os.path.join(staging, _GCH)]
-        child = SandboxedChild("pch", {"cmd": cmd}, self.cfg, self.backend, workdir, writable=[staging])
-        reply, timed_out = None, False
-        try:
-            child.start()
-            child.recv(deadline)      # hello
-            reply = child.recv(deadline)
-        except ChildTimeout:
-            timed_out = True
-        except (ChildFailed, ProtocolError):
-            reply = None
-        finally:
-            child.close(grace_s=2.0, timed_out=timed_out)
-            shutil.rmtree(workdir, ignore_errors=True)
+        reply = run_one_shot("pch", {"cmd": cmd}, self.cfg, self.backend, [staging], deadline, "verifier-pch-").reply
         if not reply or reply.get("op") != "pch_built" or not os.path.isfile(os.path.join(staging, _GCH)):
             shutil.rmtree(staging, ignore_errors=True)
             if reply and reply.get("op") == "pch_failed":   # the compiler refused (not GCC, flags): not again

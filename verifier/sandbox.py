@@ -490,3 +490,35 @@ class SandboxedChild:
 
     def __exit__(self, *exc) -> None:
         self.close(grace_s=0.5 if exc[0] else 5.0, timed_out=exc[0] is ChildTimeout)
+
+
+@dataclasses.dataclass
+class OneShot:
+    """What a one-request child (compile, pch) came back with."""
+    hello: dict[str, Any] | None   # its isolation report
+    reply: dict[str, Any] | None   # None: it crashed, broke the protocol or timed out
+    timed_out: bool
+    exit: ChildExit
+
+
+def run_one_shot(mode: str, job: dict[str, Any], cfg, backend, writable: list[str], deadline: float,
+                 prefix: str) -> OneShot:
+    """Run a sandboxed child that sends its hello and one reply, in a private work dir removed afterwards."""
+    import shutil
+    import tempfile
+    workdir = tempfile.mkdtemp(prefix=prefix, dir=cfg.work_dir)
+    child = SandboxedChild(mode, job, cfg, backend, workdir, writable=writable)
+    hello = reply = None
+    timed_out = False
+    try:
+        child.start()
+        hello = child.recv(deadline)
+        reply = child.recv(deadline)
+    except ChildTimeout:
+        timed_out = True
+    except (ChildFailed, ProtocolError):
+        reply = None
+    finally:
+        exit_info = child.close(grace_s=2.0, timed_out=timed_out)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return OneShot(hello, reply, timed_out, exit_info)
