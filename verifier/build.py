@@ -269,7 +269,8 @@ class ExtensionService:
             if reply is not None and reply.get("op") == "compile_unavailable":
                 self.infra_error = f"extension toolchain unavailable: {reply.get('error', {}).get('message')}"
             elif exit_info.signal in ("SIGKILL", "SIGXCPU", "SIGSEGV", "SIGBUS", "SIGABRT"):
-                return {"ok": False, "log": f"the compiler process was {exit_info.describe()}\n{log[-4000:]}"}, None, log
+                return ({"ok": False, "log": f"the compiler process was {exit_info.describe()}\n{log[-4000:]}"},
+                        None, log)
             else:
                 self.infra_error = f"compile child {exit_info.describe()}: {log[-2000:]}"
             return {"ok": False, "log": self.infra_error or "compile child failed"}, None, log

@@ -47,9 +47,9 @@ _NOT_FLAGS = ("name", "cpp_sources", "cuda_sources", "sycl_sources", "functions"
 # GCC telling that it did not use the PCH, or failing on it
 _PCH_TROUBLE = re.compile(r"extension\.h\.gch|precompiled header|\bPCH\b", re.IGNORECASE)
 _NINJA_VAR = re.compile(r"^(cxx|cflags|post_cflags) = (.*)$", re.MULTILINE)
+_GCC_NAME = re.compile(r"^([\w.]+-)*(g\+\+|c\+\+)(-\d+(\.\d+)*)?$")   # c++, g++-12, x86_64-linux-gnu-g++
 # never in a PCH command: output or compile-only switches, and what would put more than torch's header into
 # it (forced includes) or run other programs (wrappers, plugins, tool dirs, spec files)
-_GCC_NAME = re.compile(r"^([\w.]+-)*(g\+\+|c\+\+)(-\d+(\.\d+)*)?$")   # c++, g++-12, x86_64-linux-gnu-g++
 _UNSAFE_FLAG = re.compile(r"-(c|o|E|S|include|imacros|wrapper|B|fplugin|specs|save-temps|x)($|=|\S)")
 
 
@@ -65,8 +65,9 @@ def pch_key(api: str, kwargs: dict[str, Any], cfg: VerifierConfig, toolchain: di
         return None
     flags = {k: v for k, v in kwargs.items() if k not in _NOT_FLAGS}
     blob = json.dumps({"flags": flags, "has_cuda_sources": bool(kwargs.get("cuda_sources")),
-                       "has_sycl_sources": bool(kwargs.get("sycl_sources")), "backend": cfg.backend, "arch": cfg.arch_list(),
-                       "torch_include": torch_include_dir(), "header": _header_identity(), **toolchain},
+                       "has_sycl_sources": bool(kwargs.get("sycl_sources")), "backend": cfg.backend,
+                       "arch": cfg.arch_list(), "torch_include": torch_include_dir(), "header": _header_identity(),
+                       **toolchain},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]
 
@@ -125,7 +126,9 @@ def parse_ninja_flags(text: str) -> dict[str, Any] | None:
         post = split(found.get("post_cflags", ""))
     except ValueError:
         return None
-    if len(cxx) != 1 or not _GCC_NAME.match(os.path.basename(cxx[0])) or any(_UNSAFE_FLAG.match(f) or "$" in f or "`" in f for f in cflags + post):
+    if len(cxx) != 1 or not _GCC_NAME.match(os.path.basename(cxx[0])):
+        return None
+    if any(_UNSAFE_FLAG.match(f) or "$" in f or "`" in f for f in cflags + post):
         return None
     return {"cxx": cxx[0], "cflags": cflags, "post_cflags": post}
 

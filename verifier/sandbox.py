@@ -31,9 +31,11 @@ import dataclasses
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -504,8 +506,6 @@ class OneShot:
 def run_one_shot(mode: str, job: dict[str, Any], cfg, backend, writable: list[str], deadline: float,
                  prefix: str) -> OneShot:
     """Run a sandboxed child that sends its hello and one reply, in a private work dir removed afterwards."""
-    import shutil
-    import tempfile
     workdir = tempfile.mkdtemp(prefix=prefix, dir=cfg.work_dir)
     child = SandboxedChild(mode, job, cfg, backend, workdir, writable=writable)
     hello = reply = None
