@@ -525,11 +525,14 @@ def main() -> int:
                                        "device_busy_fraction": round(stats["device"]["busy_fraction"], 3),
                                        "device_occupied_fraction":
                                            round(stats["device"]["device_occupied_fraction"], 3),
+                                       "device_occupied_fraction_since_first_job":
+                                           round(stats["device"]["device_occupied_fraction_since_first_job"], 3),
                                        "categories": stats.get("categories")}
             phase(f"farm: {done}/{total} verdicts after {elapsed:.0f} s (compile busy "
                   f"{stats['compile']['busy_fraction']:.2f}, device workers busy "
                   f"{stats['device']['busy_fraction']:.2f}, GPU occupied "
-                  f"{stats['device']['device_occupied_fraction']:.2f})")
+                  f"{stats['device']['device_occupied_fraction']:.2f}, since its first job "
+                  f"{stats['device']['device_occupied_fraction_since_first_job']:.2f})")
 
         f = run_farm(farm_cands, tasks, cfg_for("farm"), args.compile_workers, progress=farm_progress,
                      workers_per_device=args.workers_per_device)
@@ -540,6 +543,8 @@ def main() -> int:
                           "workers_per_device": args.workers_per_device,
                           "device_busy_fraction": st["device"]["busy_fraction"],
                           "device_occupied_fraction": st["device"]["device_occupied_fraction"],
+                          "device_occupied_fraction_since_first_job":
+                              st["device"]["device_occupied_fraction_since_first_job"],
                           "compile_busy_fraction": st["compile"]["busy_fraction"],
                           "retries": st["retries"], "infra": st["infra_final"], **_verdicts(farm_cands, f["results"])}
         if "serial" not in args.skip and args.pch:   # after the farm, with the PCH the farm built

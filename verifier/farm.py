@@ -245,7 +245,8 @@ class VerifierFarm:
                           "precheck_rejects": 0, "retries": 0, "infra_final": 0}
         self._categories: dict[str, int] = {}
         self._t_start = time.monotonic()
-        self._t_first_build: float | None = None
+        self._t_first_build: float | None = None      # any build back, a failed one included
+        self._t_first_device_job: float | None = None  # the first successful build: the devices have work
         self._unfinished: set[_Job] = set()
 
         n_compile = farm.compile_workers or os.cpu_count() or 1
@@ -357,6 +358,7 @@ class VerifierFarm:
             categories = dict(self._categories)
             in_flight = len(self._unfinished)
         since = self._t_first_build
+        first_job = self._t_first_device_job
         n_dev = max(1, len(self._device.slots))
         n_devices = max(1, len(set(self._device.group_of)))
         dev_busy = self._device.busy_total(now)
@@ -377,6 +379,9 @@ class VerifierFarm:
                        # the share of time each device had a candidate on it (any of its workers busy)
                        "device_occupied_fraction": (dev_occupied / ((now - since) * n_devices))
                        if since and now > since else 0.0,
+                       # the same once compiles flow: from the first build that gave the devices work
+                       "device_occupied_fraction_since_first_job": (dev_occupied / ((now - first_job) * n_devices))
+                       if first_job and now > first_job else 0.0,
                        "workers_per_device": round(n_dev / n_devices, 2),
                        "device_type": self.device_type},
             "cache_entries": len(self._cache) if self._cache is not None else 0,
@@ -509,6 +514,8 @@ class VerifierFarm:
             raise TypeError(f"build_fn returned {type(build).__name__}, expected a BuildResult")
         if build.ok:
             job.build = build
+            if self._t_first_device_job is None:
+                self._t_first_device_job = time.monotonic()
             self._device.put(job)
             return
         if getattr(build, "error", None) == "infra":  # the build harness failed, not the code

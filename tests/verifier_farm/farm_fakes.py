@@ -55,7 +55,7 @@ def fake_build(task, code, cfg):
         raise RuntimeError("compiler pool lost its temp dir")
     if kind == "build_crash_once" and _first_time(marker + ".bcrash"):
         os._exit(9)
-    if kind == "slow":
+    if kind in ("slow", "slow_both"):
         time.sleep(float(marker.rsplit("/", 1)[-1].split("_")[0]) if marker else 0.2)
     return FakeBuild(ok=True, code_hash=code)
 
@@ -76,6 +76,8 @@ def fake_run(task, code, build, cfg, device_index=None):
         time.sleep(3600)
     if kind == "raise_once" and _first_time(marker + ".raise"):
         raise RuntimeError("harness bug")
+    if kind == "slow_both":   # as long on the device as in the build
+        time.sleep(float(marker.rsplit("/", 1)[-1].split("_")[0]) if marker else 0.2)
     if kind == "wrong":
         return VerifyResult(task_id=task.task_id, category=Category.CORRECTNESS_ERROR, q=0.4,
                             reward=reward_eq2(Category.CORRECTNESS_ERROR, 0.4, None), backend=cfg.backend)

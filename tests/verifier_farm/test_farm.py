@@ -172,6 +172,18 @@ def test_stats_busy_fractions(tmp_path):
     assert st["queues"] == {"compile": 0, "device": 0}
 
 
+def test_gpu_occupancy_counts_from_the_first_build_that_gives_the_devices_work(tmp_path):
+    # a fast compile error comes back first, then a build that takes 0.5 s and runs for 0.5 s: the device was
+    # occupied ~half the time since the first build, and all of it since the first job it was given
+    m = _markers(tmp_path)
+    with _farm(tmp_path, compile_workers=1, cpu_device_workers=1, result_cache=False) as farm:
+        out = farm.verify_batch([(ff.FakeTask("a"), "build_fail"), (ff.FakeTask("b"), f"slow_both:{m}/0.5_b")])
+        dev = farm.stats()["device"]
+    assert [r.category for r in out] == [Category.COMPILE_ERROR, Category.PASS]
+    assert dev["device_occupied_fraction"] < 0.7
+    assert dev["device_occupied_fraction_since_first_job"] > 0.75
+
+
 def test_cache_key_tracks_verdict_config_not_paths(tmp_path):
     from verifier.config import VerifierConfig
     from verifier.result_cache import ResultCache, config_fingerprint
