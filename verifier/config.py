@@ -97,7 +97,7 @@ class VerifierConfig:
     # timed calls and wall-clock plausibility checks suffer from CPU scheduling delays, go first
     build_niceness: int = 10
     # a flag set's precompiled torch/extension.h is built once this many extensions with it were compiled
-    # without one (verifier.pch; 0: never)
+    # without one (verifier.pch; 0: never). It halves C++ builds; CUDA builds, mostly nvcc, gain little
     pch_after_compiles: int = 4
 
     def __post_init__(self) -> None:
