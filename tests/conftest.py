@@ -8,6 +8,13 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory):
+    """One extension build cache for the whole session (content-addressed): a kernel library that tests in
+    several folders use (tests/verifier_core/candidates.py) is compiled once, not once per folder."""
+    return str(tmp_path_factory.mktemp("verifier-build-cache"))
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -1,6 +1,6 @@
 """The agent loop against the REAL verifier (CPU backend, a bundled task) with scripted responses
-standing in for the model. One compiled candidate only: the correct kernel is built once and the
-second trajectory that submits it hits the build cache."""
+standing in for the model. One compiled candidate only, from the shared kernel library of
+tests/verifier_core/candidates.py: it is built once per session and every later submission hits the build cache."""
 import asyncio
 import os
 
@@ -10,6 +10,8 @@ from megatron_rl.rollout.agent import AgentConfig, AgentLoop, RolloutRequest, fa
 from megatron_rl.rollout.prompts import defuse_control_tokens
 from agent_fakes import ScriptedEngine
 from verifier.types import Category, reward_eq2
+
+from tests.verifier_core.candidates import RELU, compiled
 
 pytestmark = pytest.mark.slow
 
@@ -47,38 +49,8 @@ class ModelNew(nn.Module):
 ```
 """
 
-CORRECT_CPP = '''Clamp at zero in one pass over the buffer.
-
-```python
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-source = r"""
-#include <torch/extension.h>
-
-torch::Tensor relu_pass(torch::Tensor x) {
-    auto xc = x.contiguous();
-    auto y = torch::empty_like(xc);
-    const float* in = xc.data_ptr<float>();
-    float* out = y.data_ptr<float>();
-    for (int64_t i = 0, n = xc.numel(); i < n; ++i) out[i] = in[i] > 0.f ? in[i] : 0.f;
-    return y;
-}
-"""
-
-ext = load_inline(name="agent_test_relu", cpp_sources=source, functions=["relu_pass"],
-                  extra_cflags=["-O2"], verbose=False)
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return ext.relu_pass(x)
-```
-'''
+# the kernel library of tests/verifier_core/candidates.py: in the session's build cache, compiled once
+CORRECT_CPP = compiled(RELU)
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +61,10 @@ def relu_task():
 
 
 @pytest.fixture(scope="module")
-def verifier_cfg(tmp_path_factory):
+def verifier_cfg(build_cache):
     from verifier.config import VerifierConfig
 
-    return VerifierConfig(backend="cpu", build_cache_dir=str(tmp_path_factory.mktemp("agent_build_cache")),
+    return VerifierConfig(backend="cpu", build_cache_dir=build_cache,
                           num_correct_trials=2, num_timing_trials=5)
 
 

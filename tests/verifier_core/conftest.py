@@ -4,14 +4,9 @@ from verifier.config import VerifierConfig
 
 
 @pytest.fixture(scope="session")
-def build_cache(tmp_path_factory):
-    """One build cache for the whole session: the shared kernel library is compiled once."""
-    return str(tmp_path_factory.mktemp("verifier-build-cache"))
-
-
-@pytest.fixture(scope="session")
 def make_cfg(build_cache):
-    """Config factory for end-to-end tests: small timing protocol, shared cache."""
+    """Config factory for end-to-end tests: small timing protocol, the session's build cache
+    (tests/conftest.py)."""
 
     def make(**overrides):
         base = dict(build_cache_dir=build_cache, num_timing_trials=5, num_warmup=1, time_budget_s=2.0,

@@ -110,7 +110,7 @@ def test_gcc_says_when_it_does_not_use_a_pch(tmp_path):
     assert not pch_was_rejected("FAILED: main.o\nmain.cpp:5:1: error: expected ';'\n")
 
 
-# one small function: the header, not the bindings, dominates its build
+# one small function at -O0: the header, not the bindings, dominates its build, and the test needs no optimiser
 TINY_RELU = '''```python
 import torch
 import torch.nn as nn
@@ -123,7 +123,7 @@ torch::Tensor relu(torch::Tensor a) {
   const float* x = a.data_ptr<float>(); float* o = out.data_ptr<float>();
   for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] > 0.f ? x[i] : 0.f;
   return out;
-}""", functions=["relu"], extra_cflags=["-O2"])
+}""", functions=["relu"], extra_cflags=["-O0"])
 
 
 class ModelNew(nn.Module):
@@ -135,7 +135,8 @@ class ModelNew(nn.Module):
 @pytest.mark.slow
 def test_builds_of_one_flag_set_share_a_pch_and_verdicts_do_not_change(tmp_path):
     """First build: no PCH, its flags recorded. Second: the PCH is built and used, and the candidate built
-    with it passes. A PCH GCC cannot read is dropped (the build still succeeds) and never built again."""
+    with it passes. (What happens to a PCH GCC rejects, or that breaks a build, is scripted below; the real
+    compiler's rejection warning is test_gcc_says_when_it_does_not_use_a_pch's.)"""
     import json
 
     from verifier.build import build_candidate
@@ -170,12 +171,51 @@ def test_builds_of_one_flag_set_share_a_pch_and_verdicts_do_not_change(tmp_path)
     assert os.path.getsize(gch) > 1 << 20
     r = run_candidate(task, code, b, cfg)
     assert r.category == Category.PASS, r.feedback
+    # a build that finds the PCH published now uses it without building it again
+    assert PchStore(cfg.build_cache_dir, cfg, None).prepare(k, 0.0)[0] == os.path.join(pch_dir, k)
 
-    with open(gch, "wb") as f:                      # a PCH GCC cannot use: the build goes on without it
-        f.write(b"garbage")
-    code, b, third = build("c")
-    assert third["pch"] == "rejected"
-    assert run_candidate(task, code, b, cfg).category == Category.PASS
-    assert not os.path.exists(os.path.join(pch_dir, k)) and os.path.exists(os.path.join(pch_dir, k + ".failed"))
-    import time
-    assert PchStore(cfg.build_cache_dir, cfg, None).prepare(k, time.monotonic() + 60) == (None, None)  # not again
+
+REJECTED = ("main.cpp:1:29: warning: /c/pch/k/torch/extension.h.gch: too short to be a PCH file [-Winvalid-pch]\n"
+            "    1 | #include <torch/extension.h>\n")
+
+
+def _service_with_a_published_pch(tmp_path, replies):
+    """An ExtensionService whose compiler runs are scripted: (ok, log) per call, kwargs recorded."""
+    from verifier.build import ExtensionService
+    service = ExtensionService(VerifierConfig(build_cache_dir=str(tmp_path / "c"), landlock=True))
+    store = service.pch_store
+    os.makedirs(os.path.join(store.dir, "k", "torch"))
+    open(os.path.join(store.dir, "k", "torch", "extension.h.gch"), "wb").close()
+    calls = []
+
+    def run_compiler(api, kwargs, key, deadline):
+        ok, log = replies[len(calls)]
+        calls.append(kwargs)
+        staging = tmp_path / f"staging{len(calls)}"
+        staging.mkdir()
+        return {"ok": ok, "log": log, "seconds": 1.0, **({"so": "x.so"} if ok else {})}, str(staging), log
+
+    service._run_compiler = run_compiler
+    return service, store, calls
+
+
+def test_a_pch_gcc_rejects_is_retired_and_the_build_stands(tmp_path):
+    service, store, calls = _service_with_a_published_pch(tmp_path, [(True, REJECTED)])
+    meta = service._compile(pch.TORCH_LOAD_INLINE, dict(ARGS), "e1", 1e18, "k", store.published("k"), None)
+    assert meta["ok"] and meta["pch"] == "rejected" and len(calls) == 1
+    assert store.published("k") is None and os.path.exists(os.path.join(store.dir, "k.failed"))
+    assert store.prepare("k", 1e18) == (None, None)           # never built or used again
+
+
+def test_a_build_that_fails_through_the_pch_is_judged_without_it(tmp_path):
+    failed = "FAILED: main.o\nmain.cpp:5:1: error: expected ';'\n"
+    service, store, calls = _service_with_a_published_pch(tmp_path, [(False, failed), (True, "")])
+    meta = service._compile(pch.TORCH_LOAD_INLINE, dict(ARGS), "e2", 1e18, "k", store.published("k"), None)
+    assert meta["ok"] and len(calls) == 2
+    assert any("-Winvalid-pch" in f for f in calls[0]["extra_cflags"])
+    assert calls[1]["extra_cflags"] == ARGS["extra_cflags"]   # the verdict's build: no PCH flags
+    assert store.published("k") is None                        # it broke a build that passes without it
+    # a candidate whose code is wrong fails both ways, and the PCH stays
+    service, store, calls = _service_with_a_published_pch(tmp_path / "2", [(False, failed), (False, failed)])
+    meta = service._compile(pch.TORCH_LOAD_INLINE, dict(ARGS), "e3", 1e18, "k", store.published("k"), None)
+    assert not meta["ok"] and len(calls) == 2 and store.published("k")

@@ -38,11 +38,6 @@ class ModelNew(nn.Module):
 ```'''
 
 
-@pytest.fixture(scope="module")
-def build_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("build-cache"))
-
-
 def _write(tmp_path, name, text):
     p = tmp_path / name
     p.write_text(text) if isinstance(text, str) else p.write_bytes(text)

@@ -349,9 +349,9 @@ def test_kernelbench_style_task_end_to_end(tmp_path, make_cfg):
 
 
 @pytest.fixture(scope="module")
-def make_cfg(tmp_path_factory):
-    """Small timing protocol and one build cache for this module (as tests/verifier_core/conftest.py)."""
-    cache = str(tmp_path_factory.mktemp("kb-build-cache"))
+def make_cfg(build_cache):
+    """Small timing protocol and the session's build cache (the kernel library is compiled once)."""
+    cache = build_cache
 
     def make(**overrides):
         base = dict(build_cache_dir=cache, num_timing_trials=3, num_warmup=1, time_budget_s=2.0, max_jobs=2,
