@@ -133,17 +133,19 @@ def test_two_device_workers_share_the_device_but_never_while_timing(make_cfg, tm
     cfg = make_cfg(num_timing_trials=3, device_lock_dir=str(tmp_path / "locks"))
     task = load_task(task_path("relu"))
     good, wrong = compiled(RELU), compiled(calling("ext.add(x, x)", "x"))
-    items = [(task, c) for c in (good, wrong, good + "\n# 2", good + "\n# 3")]
+    items = [(task, c) for c in (good, wrong, good + "\n# 2", wrong + "\n# 2", good + "\n# 3", good + "\n# 4")]
     farm = VerifierFarm(cfg, FarmConfig(compile_workers=2, cpu_device_workers=2, device_mode="thread",
                                         result_cache=False))
     try:
         results = farm.verify_batch(items)
     finally:
         farm.close()
-    assert [r.category for r in results] == [Category.PASS, Category.CORRECTNESS_ERROR, Category.PASS, Category.PASS]
+    assert [r.category for r in results] == [Category.PASS, Category.CORRECTNESS_ERROR, Category.PASS,
+                                             Category.CORRECTNESS_ERROR, Category.PASS, Category.PASS], \
+        [(r.category.value, r.rule, r.feedback[-400:], r.details.get("timing_repeated")) for r in results]
     assert all(r.details["device_use"] == "shared, exclusive while timing" for r in results)
     exclusive = [h for h in holds if h[0] == "exclusive"]
-    assert len(exclusive) == 3                      # one timing phase per correct candidate
+    assert len(exclusive) == 4                      # one timing phase per correct candidate
     for i, (mode, t0, t1) in enumerate(holds):
         for j, (mode2, u0, u1) in enumerate(holds):
             if i != j and "exclusive" in (mode, mode2):
