@@ -69,17 +69,17 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version (0: none); what a child confining itself would get."""
+def landlock_abi(libc=None) -> int:
+    """The kernel's Landlock ABI version (0: none, errno says why); what a child confining itself gets."""
     try:
-        abi = _libc().syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+        abi = (libc or _libc()).syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     except (OSError, AttributeError):
         return 0
     return max(int(abi), 0)
 
 
 def _landlock(libc, writable: list[str], device_dirs: list[str], deny_tcp: bool) -> dict[str, Any]:
-    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    abi = landlock_abi(libc)
     if abi < 1:
         return {"applied": False, "reason": f"landlock unavailable ({os.strerror(ctypes.get_errno())})"}
     fs = _LL_FS_WRITE_FILE | _LL_FS_REMOVE_DIR | _LL_FS_REMOVE_FILE | _LL_FS_MAKE

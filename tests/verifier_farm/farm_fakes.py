@@ -41,6 +41,11 @@ def fake_precheck(task, response, cfg):
     return response
 
 
+def _sleep_s(marker: str) -> float:
+    """The seconds a slow fake takes: ``<marker dir>/<seconds>_<tag>``, 0.2 without a marker."""
+    return float(marker.rsplit("/", 1)[-1].split("_")[0]) if marker else 0.2
+
+
 def fake_build(task, code, cfg):
     kind, _, marker = code.partition(":")
     if marker:
@@ -56,7 +61,7 @@ def fake_build(task, code, cfg):
     if kind == "build_crash_once" and _first_time(marker + ".bcrash"):
         os._exit(9)
     if kind in ("slow", "slow_both"):
-        time.sleep(float(marker.rsplit("/", 1)[-1].split("_")[0]) if marker else 0.2)
+        time.sleep(_sleep_s(marker))
     return FakeBuild(ok=True, code_hash=code)
 
 
@@ -77,7 +82,7 @@ def fake_run(task, code, build, cfg, device_index=None):
     if kind == "raise_once" and _first_time(marker + ".raise"):
         raise RuntimeError("harness bug")
     if kind == "slow_both":   # as long on the device as in the build
-        time.sleep(float(marker.rsplit("/", 1)[-1].split("_")[0]) if marker else 0.2)
+        time.sleep(_sleep_s(marker))
     if kind == "wrong":
         return VerifyResult(task_id=task.task_id, category=Category.CORRECTNESS_ERROR, q=0.4,
                             reward=reward_eq2(Category.CORRECTNESS_ERROR, 0.4, None), backend=cfg.backend)
