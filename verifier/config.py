@@ -73,7 +73,8 @@ class VerifierConfig:
     disabled_rules: tuple[str, ...] = () # individual policy rules to switch off (security rules cannot be)
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     scale_floor: float = 1e-30           # floor of max|ref| in the scale-relative error check
-    num_timing_audits: int = 2           # timed candidate outputs the parent re-checks (picked after the call)
+    num_timing_audits: int = 2           # timed trials whose candidate outputs the parent re-checks (and the last)
+    audit_calls_per_trial: int = 16      # calls of an audited trial's batch that are checked (picked after it ran)
     cpu_threads: int = 1                 # torch intra-op threads in the child on the cpu backend (fair timing)
     cpu_flush_bytes: int = 8 * MiB       # cache flush buffer before each timed call on cpu
     work_dir: str | None = None          # where private per-evaluation dirs are made (default: system temp)
@@ -83,6 +84,7 @@ class VerifierConfig:
     # cudaGetDeviceCount fails with error 304 otherwise); /dev/shm for device runtimes' shared memory
     extra_writable: tuple[str, ...] = ("/proc/self", "/dev/shm")
     drop_capabilities: bool = True       # children of a root parent run without capabilities
+    syscall_filter: bool = True          # seccomp filter in every child (verifier.syscall_filter)
     env_allowlist: tuple[str, ...] = DEFAULT_ENV_ALLOWLIST
     max_output_tail_bytes: int = 64 * 1024  # child stdout/stderr kept by the parent (the rest is drained)
     startup_timeout_s: float = 180.0     # interpreter + torch import + device init of a child (before any
@@ -115,7 +117,7 @@ class VerifierConfig:
         positive_ints = ("num_correct_trials", "num_timing_trials", "max_response_bytes", "memory_limit_bytes",
                          "file_size_limit_bytes", "max_processes", "max_open_files", "feedback_max_chars",
                          "cpu_threads", "max_output_tail_bytes", "max_timing_reps",
-                         "timing_memory_bytes", "shared_device_max_bytes")
+                         "timing_memory_bytes", "shared_device_max_bytes", "audit_calls_per_trial")
         for name in positive_ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

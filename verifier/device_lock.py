@@ -12,8 +12,10 @@ user on the same host) takes this lock:
 It is two ``flock``-ed files per device. The first is a turnstile: a worker waiting for ``exclusive``
 holds it, so no new ``shared`` holder comes in and a timing phase waits only for the holders already in.
 Locks belong to open files, so they die with their process: a killed worker never wedges the device.
-Waiting polls (a few ms) so that it can give up at a deadline. The files are write-only for their owner,
-so that the sandboxed children of candidates cannot take the lock themselves.
+Waiting polls (a few ms) so that it can give up at a deadline. The sandboxed children of candidates cannot
+take the lock themselves: the files are write-only for their owner, Landlock keeps children from opening
+them for writing, and a child that chmods one (Landlock does not cover chmod) and opens it still cannot
+lock it, because the children's syscall filter turns ``flock`` into a no-op (``verifier.syscall_filter``).
 """
 from __future__ import annotations
 
@@ -95,9 +97,9 @@ class DeviceLock:
 
     def _open(self, path: str) -> int:
         """Write-only for the owner: a sandboxed candidate (same uid, no capabilities) cannot simply open
-        it for reading, and Landlock keeps it from opening it for writing. It could still chmod the file
-        (Landlock does not cover that) and hold the lock until its process is killed at the end of its
-        stage; a file or directory it made unusable is put right here, as its owner may."""
+        it for reading, and Landlock keeps it from opening it for writing. If it chmods the file and opens
+        it, its ``flock`` is a no-op under the syscall filter; a file or directory it made unusable for us
+        is put right here, as its owner may."""
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o200)
         except PermissionError:

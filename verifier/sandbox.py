@@ -16,6 +16,9 @@ loaded:
   virtual ranges), file size, processes (headroom over what the user already runs; the kernel ignores
   RLIMIT_NPROC for uid 0), open files, no core dumps;
 - privileges: ``no_new_privs``; a root child drops every capability (bounding, effective, permitted);
+- syscalls: a seccomp filter (``syscall_filter``) refuses tracing, other processes' memory, kernel
+  observation, new namespaces and mounts, userfaultfd and io_uring, and turns ``flock`` into a no-op (so a
+  candidate cannot hold the device lock, whatever it does to the lock file's mode);
 - memory pressure: ``oom_score_adj`` 1000, so the kernel's OOM killer takes the child, never the verifier.
 
 What was applied, and what each step fell back to, is reported in the first message the child sends
@@ -39,6 +42,8 @@ import tempfile
 import threading
 import time
 from typing import Any
+
+from . import syscall_filter
 
 CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
 MAX_MESSAGE_BYTES = 8 << 20
@@ -230,6 +235,10 @@ def apply_isolation(policy: dict[str, Any]) -> dict[str, Any]:
     else:
         report["landlock"] = {"applied": False, "reason": "not requested"}
     report["capabilities"] = _drop_capabilities(libc) if policy.get("drop_capabilities", True) else "kept"
+    if policy.get("syscall_filter", True):   # last: the steps above use some of the syscalls it refuses
+        report["syscall_filter"] = syscall_filter.install(libc)
+    else:
+        report["syscall_filter"] = {"applied": False, "reason": "not requested"}
     return report
 
 
@@ -285,6 +294,7 @@ def policy_for(cfg, writable: list[str], mode: str = "run") -> dict[str, Any]:
         "network": bool(cfg.network_isolation),
         "landlock": bool(cfg.landlock),
         "drop_capabilities": bool(cfg.drop_capabilities),
+        "syscall_filter": bool(getattr(cfg, "syscall_filter", True)),
         "writable": [os.path.abspath(w) for w in list(writable) + list(cfg.extra_writable)],
         "cpu_time_s": float(cfg.cpu_time_limit_s),
         "memory_bytes": int(cfg.memory_limit_bytes),

@@ -119,3 +119,84 @@ def test_builds_run_niced_so_device_children_go_first(tmp_path):
     assert msgs["nice"]["value"] == min(19, base + 7)
     with pytest.raises(ValueError, match="build_niceness"):
         VerifierConfig(build_niceness=25)
+
+
+# ------------------------------------------------------------------------------------------ syscall filter
+# One syscall per class the filter refuses, called directly through libc (what native candidate code could
+# do). Arguments are harmless: each call would succeed or fail with its own errno without the filter;
+# with it every one answers ENOSYS.
+_SYSCALL_PROBE = '''import ctypes, errno, os
+from verifier.syscall_filter import syscall_numbers
+libc = ctypes.CDLL(None, use_errno=True)
+nr = syscall_numbers()
+def call(name, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(nr[name], *[ctypes.c_long(a) for a in args])
+    return errno.errorcode.get(ctypes.get_errno(), "OK") if r == -1 else "OK"
+res = {
+    "tracing/ptrace": call("ptrace", 16, os.getppid(), 0, 0),             # PTRACE_ATTACH to the verifier
+    "tracing/process_vm_writev": call("process_vm_writev", os.getppid(), 0, 0, 0, 0, 0),
+    "kernel/perf_event_open": call("perf_event_open", 0, 0, -1, -1, 0),
+    "kernel/bpf": call("bpf", 0, 0, 0),
+    "kernel/syslog": call("syslog", 10, 0, 0),                              # SYSLOG_ACTION_SIZE_BUFFER
+    "namespaces/mount": call("mount", 0, 0, 0, 0, 0),
+    "namespaces/unshare_user": call("unshare", 0x10000000),                # CLONE_NEWUSER
+    "namespaces/unshare_mount": call("unshare", 0x00020000),               # CLONE_NEWNS
+    "namespaces/clone_newpid": call("clone", 0x20000000 | 0x10000, 0, 0, 0, 0),  # NEWPID|THREAD: EINVAL
+    "namespaces/clone3": call("clone3", 0, 0),
+    "namespaces/setns": call("setns", -1, 0),
+    "memory_tricks/userfaultfd": call("userfaultfd", 0),
+    "memory_tricks/io_uring_setup": call("io_uring_setup", 1, 0),
+    "memory_tricks/keyctl": call("keyctl", 0, 0, 0, 0, 0),
+    "allowed/getpid": "OK" if libc.getpid() == os.getpid() else "changed",
+    "allowed/unshare_nothing": call("unshare", 0),
+}
+pid = os.fork()                                                            # plain clone: still works
+if pid == 0:
+    os._exit(7)
+res["allowed/fork"] = os.waitpid(pid, 0)[1] >> 8
+chan.send({"op": "r", "res": res})
+'''
+
+
+def test_every_refused_syscall_class_answers_enosys(tmp_path):
+    hello, msgs, _ = probe(tmp_path, _SYSCALL_PROBE)
+    if not hello["isolation"]["syscall_filter"]["applied"]:
+        pytest.skip(f"no syscall filter here: {hello['isolation']['syscall_filter']}")
+    res = msgs["r"]["res"]
+    refused = {k: v for k, v in res.items() if not k.startswith("allowed/")}
+    assert refused and all(v == "ENOSYS" for v in refused.values()), res
+    assert res["allowed/getpid"] == "OK" and res["allowed/unshare_nothing"] == "OK" and res["allowed/fork"] == 7
+
+
+def test_without_the_filter_the_same_syscalls_reach_the_kernel(tmp_path):
+    """The control for the test above: none of them answers ENOSYS on its own, so ENOSYS is the filter's."""
+    hello, msgs, _ = probe(tmp_path, _SYSCALL_PROBE, isolation={"syscall_filter": False})
+    assert hello["isolation"]["syscall_filter"]["applied"] is False
+    res = msgs["r"]["res"]
+    assert not [k for k, v in res.items() if v == "ENOSYS" and k != "namespaces/clone3"], res
+
+
+def test_a_child_cannot_hold_the_device_lock_even_after_chmod(tmp_path):
+    """Landlock does not cover chmod: a candidate can make the lock file readable and open it. Its flock is a
+    no-op under the syscall filter, so the parent still gets the device at once."""
+    from verifier.device_lock import DeviceLock
+    lock = DeviceLock("cpu", None, str(tmp_path / "locks"))
+    lock.shared(5).release()   # the files exist, write-only for their owner
+    code = (f"import fcntl, os, time\nos.chmod({lock.path!r}, 0o600)\nfd = os.open({lock.path!r}, os.O_RDONLY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nchan.send({'op': 'holding'})\ntime.sleep(3)\n")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    cfg = VerifierConfig(extra_writable=("/proc/self", "/dev/shm", str(tmp_path / "locks")))
+    child = SandboxedChild("probe", {"code": code}, cfg, get_backend("cpu"), str(workdir), [])
+    child.start()
+    try:
+        hello = child.recv(time.monotonic() + 30)
+        if not hello["isolation"]["syscall_filter"]["applied"]:
+            pytest.skip("no syscall filter here")
+        assert child.recv(time.monotonic() + 30)["op"] == "holding"
+        use = lock.exclusive(1.0)   # DeviceLockTimeout without the filter
+        assert use.waited_s < 1.0
+        use.release()
+    finally:
+        child.close(grace_s=0.0, timed_out=True)
