@@ -112,9 +112,9 @@ class Bridge:
     hf_model_types: tuple[str, ...] = ()
     hf_architectures: tuple[str, ...] = ()
 
-    def __init__(self, hf_config):
+    def __init__(self, hf_config, num_layers: int | None = None):
         self.hf_config = hf_config
-        self.num_layers = int(hf_config.num_hidden_layers)
+        self.num_layers = int(hf_config.num_hidden_layers if num_layers is None else num_layers)
         self._layer_tables: dict[int, dict[str, ParamMapping]] = {}
 
     # ----- per-architecture hooks -----------------------------------------------------------
@@ -133,6 +133,11 @@ class Bridge:
         `load_hf_into` checks they are equal to the original instead of ignoring them silently.
         """
         return {}
+
+    def passthrough_hf_names(self, names: Sequence[str]) -> list[str]:
+        """Names in an HF checkpoint the Megatron model does not hold but an export must reproduce
+        verbatim (a vision tower, an MTP head). Checkpoints carry them as files beside the weights."""
+        return []
 
     def ignorable_hf_names(self, names: Sequence[str]) -> list[str]:
         """Names in an HF checkpoint that carry no weights (e.g. stale rotary buffers)."""
@@ -188,7 +193,8 @@ class Bridge:
         expected = self.hf_param_names()
         have = set(names)
         missing = [n for n in expected if n not in have]
-        allowed = set(expected) | set(self.duplicate_hf_names()) | set(self.ignorable_hf_names(names))
+        allowed = (set(expected) | set(self.duplicate_hf_names()) | set(self.ignorable_hf_names(names))
+                   | set(self.passthrough_hf_names(names)))
         unexpected = sorted(n for n in have if n not in allowed)
         return missing, unexpected
 

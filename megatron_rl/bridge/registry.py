@@ -1,38 +1,37 @@
-"""HF ``model_type`` -> bridge class."""
+"""HF config -> the bridge of its architecture (`megatron_rl.models` owns the one registry)."""
 from __future__ import annotations
 
-from megatron_rl.models import ConfigMismatchError
-
-_BRIDGES: dict[str, type] = {}
-
-
-def register(cls):
-    for t in cls.hf_model_types:
-        _BRIDGES[t] = cls
-    return cls
+from megatron_rl.models.spec import ConfigMismatchError
 
 
 def get_bridge(hf_config):
     """The bridge for this HF config (a transformers config, or its dict), chosen by ``model_type``."""
+    from megatron_rl.models.spec import _REGISTRY
+
     if isinstance(hf_config, dict):
         from transformers import AutoConfig
 
         fields = dict(hf_config)
         model_type = fields.pop("model_type", None)
-        if model_type not in _BRIDGES:
-            raise ConfigMismatchError(f"model_type={model_type!r} has no bridge; supported: {sorted(_BRIDGES)}")
+        if model_type not in _REGISTRY:
+            raise ConfigMismatchError(f"model_type={model_type!r} has no bridge; supported: {bridge_names()}")
         hf_config = AutoConfig.for_model(model_type, **fields)
     model_type = getattr(hf_config, "model_type", None)
-    cls = _BRIDGES.get(model_type)
-    if cls is None:
-        raise ConfigMismatchError(f"model_type={model_type!r} has no bridge; supported: {sorted(_BRIDGES)}")
-    return cls(hf_config)
+    spec = _REGISTRY.get(model_type)
+    if spec is None or spec.bridge_cls is None:
+        raise ConfigMismatchError(f"model_type={model_type!r} has no bridge; supported: {bridge_names()}")
+    return spec.bridge_cls(hf_config)
 
 
 def bridge_names() -> list[str]:
-    return sorted(_BRIDGES)
+    """HF model types that have a bridge."""
+    from megatron_rl.models.spec import _REGISTRY
+
+    return sorted(t for t, s in _REGISTRY.items() if s.bridge_cls is not None)
 
 
 def bridge_name_for(model_type: str | None) -> str | None:
-    cls = _BRIDGES.get(model_type)
-    return cls.name if cls else None
+    from megatron_rl.models.spec import _REGISTRY
+
+    spec = _REGISTRY.get(model_type)
+    return spec.bridge_cls.name if spec is not None and spec.bridge_cls is not None else None

@@ -262,6 +262,85 @@ class GatedMLP(Transform):
         return torch.cat(gates, dim=0), torch.cat(ups, dim=0)
 
 
+@dataclasses.dataclass(frozen=True)
+class GatedDeltaNetParts(Transform):
+    """Gated DeltaNet tensors whose Megatron TP shard concatenates per-rank slices of several parts.
+
+    megatron-core's ``GatedDeltaNet`` shards heads over TP: rank r holds key heads
+    ``[r*nk/tp, (r+1)*nk/tp)`` and the value heads that use them (value head j uses key head
+    ``j // (nv/nk)``, so those are contiguous too). Its fused tensors list, per rank,
+    - ``in_proj.weight``: ``[q_r | k_r | v_r | z_r | beta_r | alpha_r]`` from HF ``in_proj_qkv`` (flat
+      ``[Q_all; K_all; V_all]``), ``in_proj_z``, ``in_proj_b`` and ``in_proj_a`` (`kind="in_proj"`);
+    - ``conv1d.weight``: channels ``[q_r | k_r | v_r]`` of HF ``conv1d.weight`` (`kind="conv1d"`).
+    So the concatenation over ranks is not HF's order, and depends on the TP size: every rank is
+    built from the HF tensors, and `to_hf` splits the gathered tensor per rank first.
+    """
+
+    kind: str  # "in_proj" | "conv1d"
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    tp_dim = 0
+
+    @property
+    def num_hf(self) -> int:  # type: ignore[override]
+        return 4 if self.kind == "in_proj" else 1
+
+    def _rows(self, tp_size: int) -> list[tuple[int, int, int]]:
+        """(hf tensor index, start row of part 0 in it, rows per rank) for each part of a rank."""
+        nk, nv, dk, dv = self.num_key_heads, self.num_value_heads, self.key_head_dim, self.value_head_dim
+        for what, n in (("linear_num_key_heads", nk), ("linear_num_value_heads", nv)):
+            if n % tp_size:
+                raise LayoutError(f"{what}={n} is not divisible by tp={tp_size}")
+        qk, v = nk * dk, nv * dv
+        parts = [(0, 0, qk // tp_size), (0, qk, qk // tp_size), (0, 2 * qk, v // tp_size)]
+        if self.kind == "in_proj":
+            parts += [(1, 0, v // tp_size), (2, 0, nv // tp_size), (3, 0, nv // tp_size)]
+        return parts
+
+    def _hf_rows(self) -> list[int]:
+        qkv = 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+        if self.kind == "conv1d":
+            return [qkv]
+        v = self.num_value_heads * self.value_head_dim
+        return [qkv, v, self.num_value_heads, self.num_value_heads]
+
+    def shard(self, src, hf_names, tp_rank, tp_size, local_shape):
+        for name, rows in zip(hf_names, self._hf_rows()):
+            if src.shape(name)[0] != rows:
+                raise LayoutError(f"{name}: has {src.shape(name)[0]} rows, expected {rows} from the GDN head counts")
+        pieces = [src.read(hf_names[i], 0, start + tp_rank * n, start + (tp_rank + 1) * n)
+                  for i, start, n in self._rows(tp_size)]
+        return _check_shape(torch.cat(pieces, dim=0), local_shape, hf_names[0])
+
+    def to_hf(self, full, tp_size):
+        parts = self._rows(tp_size)
+        per_rank = [torch.split(chunk, [n for _, _, n in parts], dim=0) for chunk in full.chunk(tp_size, dim=0)]
+        out: list[list[Tensor]] = [[] for _ in self._hf_rows()]
+        # HF order: every rank's piece of part 0, then of part 1, ... (parts of one HF tensor in order)
+        for k, (i, _start, _n) in enumerate(parts):
+            out[i].extend(pieces[k] for pieces in per_rank)
+        return tuple(torch.cat(chunks, dim=0) for chunks in out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroCentredGain(Transform):
+    """A norm gain stored as ``w`` in HF and as ``w - 1`` in Megatron (replicated over TP).
+
+    megatron's hybrid spec applies ``layernorm_zero_centered_gamma`` (``x_hat * (1 + w)``) to every norm,
+    while HF's Qwen3.5 GDN output norm is a plain ``x_hat * w``. ``(w - 1) + 1`` is exact for gains in
+    [0.5, 2] in any float dtype (Sterbenz), so such checkpoints round-trip bitwise."""
+
+    tp_dim = None
+
+    def shard(self, src, hf_names, tp_rank, tp_size, local_shape):
+        return _check_shape(src.read(hf_names[0]) - 1, local_shape, hf_names[0])
+
+    def to_hf(self, full, tp_size):
+        return (full + 1,)
+
+
 class DictSource:
     """`HFSource` over an in-memory mapping of full tensors."""
 

@@ -41,35 +41,38 @@ def build_model(hf_config, par: ParallelSizes, opt: BuildOptions | None = None, 
     if not torch.cuda.is_available():
         opt = BuildOptions(**{**opt.__dict__, "use_cpu_initialization": True})
     config = spec.transformer_config(hf_config, par, opt)
-    layer_spec = spec.layer_spec(config, use_te)
     kwargs = spec.gpt_model_kwargs(hf_config, par, opt)
 
     vpp = par.vpp or 1
+    pp_rank = ps.get_pipeline_model_parallel_rank()
     chunks = []
     for vp_stage in range(vpp):
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=layer_spec,
+            transformer_layer_spec=spec.layer_spec(config, use_te, vp_stage if par.vpp else None, pp_rank),
             pre_process=pre,
             post_process=post,
             vp_stage=vp_stage if par.vpp else None,
             **kwargs,
         )
-        _cast_floating_params(model, opt.params_dtype)
+        _cast_floating_params(model, opt.params_dtype, keep_fp32=spec.fp32_params)
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
         chunks.append(model)
     return chunks
 
 
-def _cast_floating_params(model: torch.nn.Module, dtype: torch.dtype) -> None:
+def _cast_floating_params(model: torch.nn.Module, dtype: torch.dtype, keep_fp32: tuple[str, ...] = ()) -> None:
     """Every floating parameter in ``params_dtype``, as Megatron-LM's Float16Module does for bf16 training.
 
     The local spec's torch norms ignore ``config.params_dtype`` and come out fp32: left alone they would
     export as fp32 tensors, and under the distributed optimizer fp32 params get main-param views into the
-    DDP buffer instead of copies, which breaks optimizer offload."""
-    for p in model.parameters():
-        if p.is_floating_point() and p.dtype != dtype:
-            p.data = p.data.to(dtype)
+    DDP buffer instead of copies (`megatron_rl.actor.optim` offloads those with their buffer).
+    `keep_fp32`: parameter names (last component) the architecture keeps in fp32 (GDN's ``A_log`` and
+    ``dt_bias``, which HF also computes with in fp32)."""
+    for name, p in model.named_parameters():
+        want = torch.float32 if name.rsplit(".", 1)[-1] in keep_fp32 else dtype
+        if p.is_floating_point() and p.dtype != want:
+            p.data = p.data.to(want)

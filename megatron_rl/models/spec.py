@@ -1,7 +1,9 @@
-"""What every architecture provides to build a Megatron model from an HF config.
+"""What every architecture provides: HF config -> Megatron model, and its HF <-> Megatron map.
 
-One `ModelSpec` per HF ``model_type`` family. Adding an architecture (e.g. the Qwen3.5 hybrid) means
-one more module that registers a spec; the actor, bridge and tools only talk to this interface.
+One `ModelSpec` per HF ``model_type`` family, registered by the architecture's folder
+(`models/qwen3/`, `models/qwen3_5/`), which holds its config mapping, layer spec and bridge (the
+parameter map used by both checkpoint conversion and live weight sync). Adding an architecture means
+one more folder; the actor, bridge plumbing and tools only talk to this interface.
 """
 from __future__ import annotations
 
@@ -47,12 +49,23 @@ class BuildOptions:
 
 @dataclasses.dataclass
 class ModelSpec:
+    """One architecture family. The callables take the HF config (the top-level one: a multimodal
+    config is unwrapped by the architecture itself)."""
+
     name: str
     hf_model_types: tuple[str, ...]
     validate: Callable[[Any, ParallelSizes], None]
     transformer_config: Callable[[Any, ParallelSizes, BuildOptions], Any]
     gpt_model_kwargs: Callable[[Any, ParallelSizes, BuildOptions], dict]
-    layer_spec: Callable[[Any, bool], Any]
+    #: (config, use_te, vp_stage, pp_rank) -> a layer spec or a per-stage TransformerBlockSubmodules
+    layer_spec: Callable[[Any, bool, int | None, int | None], Any]
+    #: the `megatron_rl.bridge.Bridge` subclass holding this architecture's HF <-> Megatron map
+    bridge_cls: type | None = None
+    #: parameter names (last component) kept in fp32 whatever ``params_dtype`` is
+    fp32_params: tuple[str, ...] = ()
+    #: the model cannot separate packed samples with an attention mask (recurrent layers), so
+    #: packed micro-batches must use ``thd`` with ``cu_seqlens``
+    needs_thd_packing: bool = False
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -65,12 +78,17 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 def spec_for(hf_config) -> ModelSpec:
-    model_type = getattr(hf_config, "model_type", None)
+    """The architecture of an HF config (or of a ``model_type`` string)."""
+    model_type = hf_config if isinstance(hf_config, str) else getattr(hf_config, "model_type", None)
     if model_type not in _REGISTRY:
         raise ConfigMismatchError(
             f"model_type={model_type!r} is not supported; supported: {sorted(_REGISTRY)}"
         )
     return _REGISTRY[model_type]
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_REGISTRY)
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:

@@ -8,6 +8,14 @@ and losses are exercised without a GPU.
 
 `apply()` is a no-op when CUDA is available: on GPU machines megatron-core runs unpatched.
 Dropout RNG isolation across TP ranks is lost on CPU; every CPU config uses dropout 0.
+
+Gated DeltaNet (the Qwen3.5 hybrid): megatron-core's ``GatedDeltaNet`` calls three kernels from
+flash-linear-attention (``causal_conv1d``, ``l2norm``, ``chunk_gated_delta_rule``), which are Triton
+and need a GPU. On CPU `apply()` puts torch references with the same signatures in their place
+(`gdn_causal_conv1d`, `gdn_l2norm`, `gdn_chunk_gated_delta_rule`). They delegate the math to
+transformers' own torch path for Qwen3.5 (one sequence at a time, so packed ``cu_seqlens`` batches
+are exact), and a test pins them to it. The three ``torch.compile``-decorated GDN helpers run eagerly
+on CPU (Inductor would compile C++ for every new shape).
 """
 from __future__ import annotations
 
@@ -136,6 +144,78 @@ def _patch_recompute_rng() -> None:
     mpu_random._set_cuda_rng_state = lambda *a, **k: None
 
 
+# --------------------------------------------------------------------------- Gated DeltaNet ops
+
+def _segments(cu_seqlens, total: int) -> list[tuple[int, int]]:
+    if cu_seqlens is None:
+        return [(0, total)]
+    bounds = [int(b) for b in cu_seqlens.tolist()]
+    if bounds[0] != 0 or bounds[-1] != total or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        raise ValueError(f"cu_seqlens {bounds} do not partition {total} packed tokens")
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def gdn_causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=None, output_final_state=False,
+                      activation=None, cu_seqlens=None, **_):
+    """fla's ``causal_conv1d``: x ``[B, T, D]``, depthwise weight ``[D, W]``; returns (y, final state).
+
+    With ``cu_seqlens`` (B == 1) every packed sequence starts from zero history, as it would alone."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn
+
+    if residual is not None or initial_state is not None or output_final_state:
+        raise NotImplementedError("CPU causal_conv1d: residual / initial_state / output_final_state "
+                                  "are not used by training and not implemented")
+    if cu_seqlens is not None and x.shape[0] != 1:
+        raise ValueError(f"packed causal_conv1d expects batch 1, got {x.shape[0]}")
+    outs = [causal_conv1d_fn(x[:, a:b].transpose(1, 2), weight, bias, activation=activation).transpose(1, 2)
+            for a, b in _segments(cu_seqlens, x.shape[1])]
+    return torch.cat(outs, dim=1), None
+
+
+def gdn_l2norm(x, eps: float = 1e-6, output_dtype=None):
+    """fla's ``l2norm`` over the last dim: computed in fp32, returned in ``output_dtype`` or x's dtype."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm
+
+    return l2norm(x.float(), dim=-1, eps=eps).to(output_dtype or x.dtype)
+
+
+def gdn_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **_):
+    """fla's ``chunk_gated_delta_rule`` (``[B, T, H, D]`` layout); returns (o, final state or None).
+
+    Packed sequences (``cu_seqlens``, B == 1) each start from a zero (or their own initial) state."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    if scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise NotImplementedError(f"CPU chunk_gated_delta_rule: only scale = head_dim**-0.5, got {scale}")
+    if cu_seqlens is not None and q.shape[0] != 1:
+        raise ValueError(f"packed chunk_gated_delta_rule expects batch 1, got {q.shape[0]}")
+    outs, states = [], []
+    for i, (a, b) in enumerate(_segments(cu_seqlens, q.shape[1])):
+        init = None if initial_state is None else initial_state[i:i + 1] if cu_seqlens is not None else initial_state
+        o, state = torch_chunk_gated_delta_rule(
+            q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b], initial_state=init,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        outs.append(o)
+        states.append(state)
+    final = torch.cat(states, dim=0) if output_final_state else None
+    return torch.cat(outs, dim=1), final
+
+
+def _patch_gated_delta_net() -> None:
+    """Route megatron's GatedDeltaNet to the torch references above (CPU only)."""
+    from megatron.core.ssm.gated_delta_net import common, gdn
+
+    for module in (common, gdn):
+        module.causal_conv1d = gdn_causal_conv1d
+        module.chunk_gated_delta_rule = gdn_chunk_gated_delta_rule
+    common.l2norm = gdn_l2norm
+    common.HAVE_FLA = True
+    for name in ("_apply_gated_norm", "_prepare_input_for_gated_delta_rule", "_compute_g_and_beta"):
+        fn = common._GDNBase.__dict__[name]
+        setattr(common._GDNBase, name, getattr(fn, "_torchdynamo_orig_callable", fn))
+
+
 def is_cpu_mode() -> bool:
     return _applied
 
@@ -160,6 +240,7 @@ def apply() -> bool:
         mpu_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
         _patch_optimizer_type_checks()
         _patch_recompute_rng()
+        _patch_gated_delta_net()
 
         mode = _CudaToCpuMode()
         mode.__enter__()  # stays on this thread's mode stack for the life of the process

@@ -78,7 +78,7 @@ def _config(tmp_path, raw):
 def test_real_world_config_fields_are_accepted(tmp_path, fields):
     cfg = _config(tmp_path, _v4_style(**fields))
     spec_for(cfg).validate(cfg, ParallelSizes(2, 2))
-    from megatron_rl.models.qwen3 import _rope_theta
+    from megatron_rl.models.qwen3.spec import rope_theta as _rope_theta
 
     assert _rope_theta(cfg) == float(fields.get("rope_theta", 1e6))
 

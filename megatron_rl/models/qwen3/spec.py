@@ -1,13 +1,16 @@
-"""Qwen3 dense (``model_type: qwen3``): GQA, QK RMSNorm, SwiGLU, RMSNorm, RoPE, tied/untied."""
+"""Qwen3 dense (``model_type: qwen3``): HF config -> TransformerConfig, GPTModel arguments, layer spec.
+
+GQA, QK RMSNorm, SwiGLU, RMSNorm, RoPE, tied/untied embeddings.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .spec import BuildOptions, ConfigMismatchError, ModelSpec, ParallelSizes, padded_vocab_size, register
+from ..spec import BuildOptions, ConfigMismatchError, ParallelSizes, padded_vocab_size
 
 
-def _rope_theta(hf) -> float:
+def rope_theta(hf) -> float:
     params = getattr(hf, "rope_parameters", None) or {}
     if "rope_theta" in params:
         return float(params["rope_theta"])
@@ -21,8 +24,9 @@ def head_dim(hf) -> int:
     return int(hd) if hd else hf.hidden_size // hf.num_attention_heads
 
 
-def _rope_problems(hf) -> list[str]:
-    """Only plain RoPE over the whole head maps onto Megatron's ``position_embedding_type='rope'``.
+def rope_problems(hf, partial_allowed: bool = False) -> list[str]:
+    """Only plain RoPE maps onto Megatron's ``position_embedding_type='rope'`` (over the whole head,
+    or over its leading ``partial_rotary_factor`` share where the architecture has partial RoPE).
 
     transformers 5 reads a transformers-4 ``rope_scaling`` into ``rope_parameters``; the message
     names both keys so it points at the field in either style of config.json."""
@@ -37,14 +41,32 @@ def _rope_problems(hf) -> list[str]:
     if rtype not in (None, "default"):
         problems.append(f"{field}: rope_type={rtype!r} is not supported (only default RoPE; "
                         f"scaled RoPE such as yarn/linear/dynamic would change the model)")
-    partial = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
-    if partial is not None and float(partial) != 1.0:
+    partial = partial_rotary_factor(hf)
+    if not partial_allowed and partial != 1.0:
         problems.append(f"{field}: partial_rotary_factor={partial} must be 1.0 for Qwen3")
+    elif not 0.0 < partial <= 1.0:
+        problems.append(f"{field}: partial_rotary_factor={partial} must be in (0, 1]")
+    elif int(head_dim(hf) * partial) % 2 or head_dim(hf) * partial != int(head_dim(hf) * partial):
+        problems.append(f"{field}: partial_rotary_factor={partial} x head_dim={head_dim(hf)} must be an even "
+                        f"number of rotary dims")
     return problems
 
 
-def validate(hf, par: ParallelSizes) -> None:
-    """Reject every HF field value the local/TE GPT spec would silently compute differently."""
+def partial_rotary_factor(hf) -> float:
+    rope = getattr(hf, "rope_parameters", None) or {}
+    partial = rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None)) \
+        if isinstance(rope, dict) else None
+    return 1.0 if partial is None else float(partial)
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def decoder_problems(hf, par: ParallelSizes, extra_sizes: tuple[str, ...] = ()) -> list[str]:
+    """What every Qwen-style decoder (GQA attention, SwiGLU, RMSNorm, RoPE) must satisfy at `par`.
+
+    Missing or non-integer sizes are raised at once: nothing else can be checked without them."""
     problems: list[str] = []
 
     def need(cond: bool, msg: str):
@@ -52,27 +74,20 @@ def validate(hf, par: ParallelSizes) -> None:
             problems.append(msg)
 
     sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "num_key_value_heads")
+             "num_attention_heads", "num_key_value_heads", *extra_sizes)
     for f in (*sizes, "rms_norm_eps"):
         need(getattr(hf, f, None) is not None, f"{f}: missing")
     for f in sizes:
         v = getattr(hf, f, None)
-        need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-             f"{f}={v!r}: must be a positive integer")
+        need(v is None or _positive_int(v), f"{f}={v!r}: must be a positive integer")
     hd = getattr(hf, "head_dim", None)
-    need(hd is None or (isinstance(hd, int) and not isinstance(hd, bool) and hd > 0),
-         f"head_dim={hd!r}: must be a positive integer")
+    need(hd is None or _positive_int(hd), f"head_dim={hd!r}: must be a positive integer")
     if problems:
         raise ConfigMismatchError("invalid HF config: " + "; ".join(problems))
     need(head_dim(hf) % 2 == 0, f"head_dim={head_dim(hf)}: RoPE needs an even head_dim")
     act = getattr(hf, "hidden_act", None)
     need(act in ("silu", "swish"), f"hidden_act={act!r}: only 'silu' (= 'swish', SwiGLU) is supported")
-    need(not getattr(hf, "attention_bias", False), "attention_bias=True: Qwen3 spec has no QKV bias")
-    need(not getattr(hf, "use_sliding_window", False), "use_sliding_window=True: sliding-window attention is not supported")
-    lt = getattr(hf, "layer_types", None)
-    need(lt is None or all(t == "full_attention" for t in lt),
-         f"layer_types: only 'full_attention' layers are supported, got {sorted(set(lt or []))}")
-    problems += _rope_problems(hf)
+    need(not getattr(hf, "attention_bias", False), "attention_bias=True: the spec has no QKV bias")
     need(not getattr(hf, "attention_dropout", 0.0), "attention_dropout must be 0")
     nh, ng = hf.num_attention_heads, hf.num_key_value_heads
     need(nh % ng == 0, f"num_attention_heads={nh} is not a multiple of num_key_value_heads={ng}")
@@ -85,6 +100,18 @@ def validate(hf, par: ParallelSizes) -> None:
          f"num_hidden_layers={hf.num_hidden_layers} is not divisible by pp={par.pp}"
          + (f" x vpp={par.vpp}" if par.vpp else "") + " (every pipeline stage needs the same number of layers)")
     need(not par.vpp or par.pp > 1, f"vpp={par.vpp} needs pp > 1 (interleaved pipeline), got pp={par.pp}")
+    return problems
+
+
+def validate(hf, par: ParallelSizes) -> None:
+    """Reject every HF field value the local/TE GPT spec would silently compute differently."""
+    problems = decoder_problems(hf, par)
+    if getattr(hf, "use_sliding_window", False):
+        problems.append("use_sliding_window=True: sliding-window attention is not supported")
+    lt = getattr(hf, "layer_types", None)
+    if not (lt is None or all(t == "full_attention" for t in lt)):
+        problems.append(f"layer_types: only 'full_attention' layers are supported, got {sorted(set(lt or []))}")
+    problems += rope_problems(hf)
     if problems:
         raise ConfigMismatchError("HF config does not match the Qwen3 Megatron spec: " + "; ".join(problems))
 
@@ -92,6 +119,12 @@ def validate(hf, par: ParallelSizes) -> None:
 def transformer_config(hf, par: ParallelSizes, opt: BuildOptions):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    return TransformerConfig(**transformer_config_kwargs(hf, par, opt))
+
+
+def transformer_config_kwargs(hf, par: ParallelSizes, opt: BuildOptions, **arch) -> dict:
+    """TransformerConfig fields of a Qwen-style decoder; `arch` adds the architecture's own fields
+    before the user's `opt.extra` (the config's ``megatron:`` section) is applied last."""
     dtype = opt.params_dtype
     kwargs = dict(
         num_layers=hf.num_hidden_layers,
@@ -132,8 +165,9 @@ def transformer_config(hf, par: ParallelSizes, opt: BuildOptions):
     )
     if opt.recompute_granularity == "full":
         kwargs.update(recompute_method="uniform", recompute_num_layers=opt.recompute_num_layers or 1)
+    kwargs.update(arch)
     kwargs.update(opt.extra)
-    return TransformerConfig(**kwargs)
+    return kwargs
 
 
 def gpt_model_kwargs(hf, par: ParallelSizes, opt: BuildOptions) -> dict:
@@ -142,24 +176,14 @@ def gpt_model_kwargs(hf, par: ParallelSizes, opt: BuildOptions) -> dict:
         max_sequence_length=int(getattr(hf, "max_position_embeddings", 4096)),
         position_embedding_type="rope",
         rotary_percent=1.0,
-        rotary_base=_rope_theta(hf),
+        rotary_base=rope_theta(hf),
         share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)),
     )
 
 
-def layer_spec(config, use_te: bool):
+def layer_spec(config, use_te: bool, vp_stage=None, pp_rank=None):
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if use_te:
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
     return specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
-
-
-QWEN3 = register(ModelSpec(
-    name="qwen3",
-    hf_model_types=("qwen3",),
-    validate=validate,
-    transformer_config=transformer_config,
-    gpt_model_kwargs=gpt_model_kwargs,
-    layer_spec=layer_spec,
-))

@@ -6,16 +6,14 @@ TE spec (norms fused into ``linear_qkv`` / ``linear_fc1``).
 """
 from __future__ import annotations
 
-from megatron_rl.models.qwen3 import head_dim
+from megatron_rl.bridge.base import Bridge, ParamMapping
+from megatron_rl.bridge.transforms import GatedMLP, QKVInterleave, Replicated, RowParallel, VocabParallel
 
-from .base import Bridge, ParamMapping
-from .registry import register
-from .transforms import GatedMLP, QKVInterleave, Replicated, RowParallel, VocabParallel
+from .spec import head_dim
 
 _HF_LAYER = "model.layers.{layer}."
 
 
-@register
 class Qwen3Bridge(Bridge):
     name = "qwen3"
     hf_model_types = ("qwen3",)
@@ -68,5 +66,3 @@ class Qwen3Bridge(Bridge):
 
     def duplicate_hf_names(self):
         return {"lm_head.weight": "model.embed_tokens.weight"} if self.tied else {}
-
-

@@ -1,0 +1,20 @@
+"""Qwen3.5 / Qwen3.6 hybrid Gated DeltaNet models (``qwen3_5_text`` and the multimodal ``qwen3_5``): the
+config mapping and layer spec (`spec`) and the HF <-> Megatron parameter map (`bridge`), registered as
+one architecture."""
+from __future__ import annotations
+
+from ..spec import ModelSpec, register
+from . import spec
+from .bridge import Qwen35Bridge
+
+QWEN3_5 = register(ModelSpec(
+    name="qwen3_5",
+    hf_model_types=Qwen35Bridge.hf_model_types,
+    validate=spec.validate,
+    transformer_config=spec.transformer_config,
+    gpt_model_kwargs=spec.gpt_model_kwargs,
+    layer_spec=spec.layer_spec,
+    bridge_cls=Qwen35Bridge,
+    fp32_params=("A_log", "dt_bias"),
+    needs_thd_packing=True,
+))
