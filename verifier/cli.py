@@ -1,4 +1,4 @@
-"""``python -m verifier check|eval``: the verifier's command-line contract (ARCHITECTURE.md).
+"""``python -m verifier check|eval|port-musa``: the verifier's command-line contract (ARCHITECTURE.md).
 
 Exit codes: 0 whenever a verdict was produced and printed, whatever it is, ``infra`` included (the JSON
 says what went wrong; for ``eval``, when every sample has its row); 2 for usage errors (missing or
@@ -68,7 +68,46 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--summary-json", default=None, metavar="PATH", help="also write the per-level summary as JSON")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_common(e)
+
+    m = sub.add_parser("port-musa", help="port a folder of CUDA tasks or candidates to MUSA (rule table, "
+                                         "structural only: nothing is compiled or run)")
+    m.add_argument("--src", required=True, metavar="DIR", help="folder of .py files (tasks or candidates)")
+    m.add_argument("--out", required=True, metavar="DIR", help="where the ported copies and port_manifest.json go")
     return ap
+
+
+def cmd_port_musa(args: argparse.Namespace) -> int:
+    """Port every .py file below --src into --out (same relative paths) and write port_manifest.json with
+    each file's changes and flags."""
+    from .musa_port import port_source
+    if not os.path.isdir(args.src):
+        raise UsageError(f"--src is not a folder: {args.src}")
+    files: dict[str, Any] = {}
+    for root, dirs, names in os.walk(args.src):
+        dirs.sort()
+        for name in sorted(n for n in names if n.endswith(".py")):
+            rel = os.path.relpath(os.path.join(root, name), args.src)
+            try:
+                with open(os.path.join(root, name), encoding="utf-8") as f:
+                    ported = port_source(f.read())
+            except UnicodeDecodeError as e:
+                raise UsageError(f"{rel}: not UTF-8 text ({e})") from e
+            _write_atomic(os.path.join(args.out, rel), ported.code)
+            files[rel] = {"changes": ported.changes, "flags": ported.flags}
+    manifest = {"note": "CUDA -> MUSA source port by rule table (verifier.musa_port); structural only, not run on "
+                        "MUSA hardware", "files": files}
+    _write_atomic(os.path.join(args.out, "port_manifest.json"), json.dumps(manifest, indent=1) + "\n")
+    print(json.dumps({"ported": len(files), "flagged": sum(bool(v["flags"]) for v in files.values()),
+                      "out": os.path.abspath(args.out)}))
+    return EXIT_OK
+
+
+def _write_atomic(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _make_config(args: argparse.Namespace) -> Any:
@@ -297,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "port-musa":
+            return cmd_port_musa(args)
         return cmd_eval(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
