@@ -3,12 +3,13 @@
     python -m megatron_rl.check_sync --tp N --pp M [--model HF_DIR] [--engine embedded|sglang]
                                      [--transport colocated|distributed] [--dtype float32|bfloat16] [--json]
 
-Spawns tp*pp trainer ranks, builds the actor (a tiny random Qwen3 when no --model), starts an engine
+Spawns tp*pp trainer ranks, builds the actor (a tiny random model of ``--arch`` when no --model: the
+Qwen3.5 hybrid by default, or dense Qwen3), starts an engine
 whose initial weights differ from the actor's (another random init of the same config, so every weight
 has to arrive through the sync; a running --engine-url or an SGLang engine starts from the checkpoint),
 syncs, samples one sequence from the engine at temperature 1, and compares the engine's per-token
 logprobs with ``MegatronActor.compute_logprobs`` on the same tokens. Prints
-``max_abs_logprob_diff``, ``weight_version`` and ``sync_seconds`` (plus the sync's phases); exits 0
+``max_abs_logprob_diff`` (and the mean), ``weight_version`` and ``sync_seconds`` (plus the sync's phases); exits 0
 within tolerance (default 1e-3 in fp32, 5e-2 in bf16), 1 beyond it, 2 on errors.
 
 Bad input (a missing or corrupt checkpoint, an unsupported model_type, a TP/PP the model cannot be
@@ -30,6 +31,14 @@ TINY_QWEN3 = dict(model_type="qwen3", vocab_size=512, hidden_size=128, intermedi
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                   rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
                   eos_token_id=None, bos_token_id=None, pad_token_id=None)
+#: Qwen3.5 hybrid: 3 Gated DeltaNet layers then a gated-attention one, GDN value heads 2x key heads, partial RoPE
+TINY_QWEN3_5 = dict(model_type="qwen3_5_text", vocab_size=512, hidden_size=128, intermediate_size=256,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=24, linear_conv_kernel_dim=4, max_position_embeddings=1024,
+                    rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
+                    eos_token_id=None, bos_token_id=None, pad_token_id=None)
+TINY = {"qwen3": TINY_QWEN3, "qwen3_5": TINY_QWEN3_5}
 
 
 @dataclasses.dataclass
@@ -47,12 +56,15 @@ class CheckArgs:
     sglang_native: bool = False
 
 
-def write_tiny_model(path: str, seed: int = 0, **overrides) -> str:
-    """A random tiny Qwen3 HF checkpoint (config + safetensors) for checks without a real model."""
+def write_tiny_model(path: str, seed: int = 0, arch: str = "qwen3", **overrides) -> str:
+    """A random tiny HF checkpoint (config + safetensors) of `arch` (a key of `TINY`) for checks without a
+    real model."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(TINY_QWEN3, **overrides)
+    if arch not in TINY:
+        raise ValueError(f"--arch {arch!r}: use one of {sorted(TINY)}")
+    cfg = dict(TINY[arch], **overrides)
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
@@ -80,6 +92,7 @@ def _rank_main(a: CheckArgs) -> None:
     from transformers import AutoConfig
 
     from megatron_rl.actor import ActorConfig, MegatronActor
+    from megatron_rl.models import text_config
     from megatron_rl.parallel import init_parallel
     from megatron_rl.rollout.engine import BackgroundLoop, EngineManager, HttpEngine
     from megatron_rl.rollout.protocol import SamplingParams
@@ -110,9 +123,11 @@ def _rank_main(a: CheckArgs) -> None:
         actor_lps = actor.compute_logprobs([sample])[0][len(a.prompt):]
         diffs = [abs(float(x) - float(y)) for x, y in zip(actor_lps.tolist(), engine_lps)]
         # max() skips a NaN that is not first: a NaN logprob on either side must fail the check, not vanish
-        diff = max(diffs) if all(math.isfinite(x) for x in diffs) else math.inf
+        finite = all(math.isfinite(x) for x in diffs)
+        diff = max(diffs) if finite else math.inf
         if info.rank == 0:
-            out = {"max_abs_logprob_diff": diff, "weight_version": report.weight_version,
+            out = {"max_abs_logprob_diff": diff, "mean_abs_logprob_diff": sum(diffs) / len(diffs) if finite else None,
+                   "model_type": hf_config.model_type, "vocab_size": text_config(hf_config).vocab_size, "weight_version": report.weight_version,
                    "served_weight_version": served_version, "sync_seconds": round(report.seconds, 4),
                    "tokens": len(tokens), "tp": a.tp, "pp": a.pp, "transport": a.transport, "dtype": a.dtype,
                    "sync": report.to_json()}
@@ -124,7 +139,8 @@ def _rank_main(a: CheckArgs) -> None:
         sync.close()
 
 
-def run_check(*, tp: int, pp: int, model: str | None, engine: str = "embedded", transport: str = "colocated",
+def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", engine: str = "embedded",
+              transport: str = "colocated",
               dtype: str = "float32", engine_url: str | None = None, max_new_tokens: int = 24, seed: int = 0,
               workdir: str | None = None, sglang_args: dict | None = None, engine_device: str = "auto") -> dict:
     """Library entry of the CLI: returns the result dict (raises on errors)."""
@@ -141,8 +157,10 @@ def run_check(*, tp: int, pp: int, model: str | None, engine: str = "embedded", 
     work = workdir or tempfile.mkdtemp(prefix="check-sync-")
     hf_dir = model
     if hf_dir is None:
-        hf_dir = write_tiny_model(os.path.join(work, "tiny-qwen3"), seed=0)
-    hf = check_model(hf_dir, tp, pp)
+        hf_dir = write_tiny_model(os.path.join(work, f"tiny-{arch}"), seed=0, arch=arch)
+    from megatron_rl.models import text_config
+
+    hf = text_config(check_model(hf_dir, tp, pp))
     prompt = [(seed * 7919 + 13 * i + 1) % max(hf.vocab_size - 1, 1) + 1 for i in range(8)]
     context = int(hf.max_position_embeddings)
     if len(prompt) + max_new_tokens >= context:
@@ -182,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m megatron_rl.check_sync", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--model", default=None, help="HF checkpoint dir (default: a tiny random Qwen3)")
+    p.add_argument("--model", default=None, help="HF checkpoint dir (default: a tiny random model of --arch)")
+    p.add_argument("--arch", choices=sorted(TINY), default="qwen3_5",
+                   help="architecture of the tiny random model used without --model (default: the Qwen3.5 hybrid)")
     p.add_argument("--engine", choices=["embedded", "sglang"], default="embedded")
     p.add_argument("--engine-url", default=None, help="use a running engine instead of launching one")
     p.add_argument("--engine-device", default="auto",
@@ -198,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (math.isfinite(tol) and tol >= 0):
         return _fail(f"--tolerance must be a non-negative number, got {tol}", args.json)
     try:
-        result = run_check(tp=args.tp, pp=args.pp, model=args.model, engine=args.engine, transport=args.transport,
+        result = run_check(tp=args.tp, pp=args.pp, model=args.model, arch=args.arch, engine=args.engine,
+                           transport=args.transport,
                            dtype=args.dtype, engine_url=args.engine_url, max_new_tokens=args.max_new_tokens,
                            seed=args.seed, engine_device=args.engine_device)
     except (ValueError, ServerLaunchError) as e:  # bad input found before the ranks start; the engine's log tail

@@ -149,6 +149,12 @@ class Bridge:
 
         spec_for(self.hf_config).validate(self.hf_config, par)
 
+    def keeps_fp32(self, unit: "_Unit") -> bool:
+        """The architecture keeps this parameter in fp32 whatever the params dtype (`ModelSpec.fp32_params`)."""
+        from megatron_rl.models import spec_for
+
+        return unit.mapping.megatron_names[0].rsplit(".", 1)[-1] in spec_for(self.hf_config).fp32_params
+
     # ----- name tables ----------------------------------------------------------------------
     def export_units(self) -> list[_Unit]:
         units = [_Unit(m, None) for m in self.pre_mappings()]
@@ -300,7 +306,9 @@ class Bridge:
         Collective: every rank of the model-parallel group must iterate it to the end, and all of
         them yield the same sequence. Shards are all-gathered over TP on the owning stage and
         broadcast over PP; one parameter is in flight at a time. Tensors are in the model's param
-        dtype unless `dtype` is given, on the params' device, and never alias a parameter.
+        dtype unless `dtype` is given (parameters the architecture keeps in fp32, such as GDN's
+        ``A_log``, stay fp32, as released checkpoints store them), on the params' device, and never
+        alias a parameter.
         """
         from megatron.core import parallel_state as ps
 
@@ -337,8 +345,9 @@ class Bridge:
                                    dtype=getattr(torch, dtype_name), device=device)
             if pp_size > 1:
                 dist.broadcast(full, src=pp_ranks[owner], group=pp_group)
+            cast = dtype if dtype is not None and not self.keeps_fp32(unit) else None
             for name, tensor in zip(unit.hf_names, transform.to_hf(full, tp_size)):
-                out = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+                out = (tensor.to(cast) if cast is not None else tensor).contiguous()
                 if param is not None and _shares_storage(out, param):
                     out = out.clone()
                 yield name, out

@@ -7,11 +7,11 @@ same registry, so conversion and live sync read one table per architecture.
 from __future__ import annotations
 
 from .spec import (BuildOptions, ConfigMismatchError, ModelSpec, ParallelSizes, padded_vocab_size, spec_for,
-                   supported_model_types)
+                   supported_model_types, text_config)
 from . import qwen3, qwen3_5  # noqa: F401  (register the architectures)
 from .build import build_model, te_available
 
 __all__ = [
     "BuildOptions", "ConfigMismatchError", "ModelSpec", "ParallelSizes", "build_model",
-    "padded_vocab_size", "spec_for", "supported_model_types", "te_available",
+    "padded_vocab_size", "spec_for", "supported_model_types", "te_available", "text_config",
 ]

@@ -66,6 +66,8 @@ class ModelSpec:
     #: the model cannot separate packed samples with an attention mask (recurrent layers), so
     #: packed micro-batches must use ``thd`` with ``cu_seqlens``
     needs_thd_packing: bool = False
+    #: the language model's config inside a multimodal one (identity for text-only architectures)
+    text_config: Callable[[Any], Any] = lambda hf: hf
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -85,6 +87,11 @@ def spec_for(hf_config) -> ModelSpec:
             f"model_type={model_type!r} is not supported; supported: {sorted(_REGISTRY)}"
         )
     return _REGISTRY[model_type]
+
+
+def text_config(hf_config):
+    """The language model's HF config (vocab_size, hidden_size, ...) of any supported HF config."""
+    return spec_for(hf_config).text_config(hf_config)
 
 
 def supported_model_types() -> list[str]:

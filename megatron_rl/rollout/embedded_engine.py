@@ -77,6 +77,10 @@ class _StagedUpdate:
     tensors: dict[str, torch.Tensor]
 
 
+#: the language model's prefix in multimodal HF checkpoints (``model.language_model.layers.0...``)
+_MULTIMODAL_LM_PREFIX = "model.language_model."
+
+
 class EmbeddedEngine:
     def __init__(self, model: torch.nn.Module, config: EmbeddedEngineConfig | None = None, *,
                  tokenizer: Any = None, model_path: str | None = None):
@@ -87,7 +91,7 @@ class EmbeddedEngine:
         self.tokenizer = tokenizer
         self.model_path = model_path
         hf = model.config
-        self.vocab_size = int(hf.vocab_size)
+        self.vocab_size = int(getattr(hf, "get_text_config", lambda: hf)().vocab_size)
         self.context_length = int(self.config.context_length or getattr(hf, "max_position_embeddings", 32768))
         self.eos_ids = _eos_ids(model)
         self.device = next(model.parameters()).device
@@ -326,6 +330,10 @@ class EmbeddedEngine:
     def _stage_one(self, name: str, t: torch.Tensor, owned: bool = False) -> None:
         assert self._staged is not None
         p = self._params.get(name)
+        if p is None and name.startswith(_MULTIMODAL_LM_PREFIX):
+            # a hub multimodal checkpoint (Qwen3.5) loads as its text model; accept its own names
+            name = "model." + name[len(_MULTIMODAL_LM_PREFIX):]
+            p = self._params.get(name)
         if p is None:
             raise WeightUpdateError(f"unknown parameter {name!r} (engine model has e.g. {next(iter(self._params))!r})")
         if tuple(t.shape) != tuple(p.shape):

@@ -527,6 +527,20 @@ def resolve_dtype(name: str) -> torch.dtype | str:
     return table[name]
 
 
+#: parameters released checkpoints store, and the trainer keeps, in fp32 (Gated DeltaNet's decay
+#: parameters); transformers would load them in the model dtype
+FP32_PARAM_SUFFIXES = (".A_log", ".dt_bias")
+
+
+def keep_fp32_params(model):
+    """Hold `FP32_PARAM_SUFFIXES` in fp32 whatever the model dtype, as the trainer and the release do, so
+    synced values arrive unrounded (HF's Qwen3.5 computes with them in fp32 anyway)."""
+    for name, p in model.named_parameters():
+        if name.endswith(FP32_PARAM_SUFFIXES) and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
+    return model
+
+
 def load_model(model_path: str | None, *, hf_config: dict | None = None, device: torch.device,
                dtype: torch.dtype | str = "auto", init_seed: int = 0):
     """HF checkpoint dir -> (model, tokenizer); or an HF config dict -> randomly initialised model."""
@@ -539,12 +553,13 @@ def load_model(model_path: str | None, *, hf_config: dict | None = None, device:
         model_type = cfg.pop("model_type", None)
         if model_type is None:
             raise ValueError("the HF config needs a 'model_type' field (e.g. 'qwen3')")
-        config = AutoConfig.for_model(model_type, **cfg)
+        # a multimodal config (Qwen3.5 as released) serves its language model, as from_pretrained does
+        config = AutoConfig.for_model(model_type, **cfg).get_text_config(decoder=True)
         torch.manual_seed(init_seed)
         target = torch.float32 if dtype == "auto" else dtype
         with torch.device(device):  # initialise in place: an 8B random init on the host takes minutes
             model = AutoModelForCausalLM.from_config(config, dtype=target)
-        return model.eval(), None
+        return keep_fp32_params(model).eval(), None
     import os
     if not os.path.isdir(model_path) or not os.path.exists(os.path.join(model_path, "config.json")):
         raise FileNotFoundError(f"model path {model_path!r} is not an HF checkpoint directory (no config.json)")
@@ -555,7 +570,7 @@ def load_model(model_path: str | None, *, hf_config: dict | None = None, device:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, device_map=str(device))
         except (ImportError, ValueError):
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-    model = model.eval()
+    model = keep_fp32_params(model).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as e:  # a weights-only directory is fine: input_ids work without a tokenizer

@@ -17,4 +17,5 @@ QWEN3_5 = register(ModelSpec(
     bridge_cls=Qwen35Bridge,
     fp32_params=("A_log", "dt_bias"),
     needs_thd_packing=True,
+    text_config=spec.text_config,
 ))
