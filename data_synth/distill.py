@@ -1,0 +1,394 @@
+"""Teacher data: sample answers for every task, verify each with the verifier farm, write SFT rows.
+
+Teachers:
+* an endpoint: an OpenAI-compatible server (``POST /v1/chat/completions``) or an SGLang server (native
+  ``POST /generate`` on token ids rendered with the tokenizer's chat template: the rollout engines' API, so
+  the project's embedded engine serves too). Both go through ``megatron_rl.rollout.client.EngineClient``;
+* the offline template teacher (``data_synth.teacher``), no LLM.
+
+The prompt is the RL prompt (``megatron_rl.rollout.prompts.initial_messages``), so SFT and RL see the same
+text. With ``turns > 1`` a failed answer gets the verifier's feedback as the next user turn
+(``feedback_text``), as in multi-turn RL. A row's ``messages`` mark every turn but the final assistant answer
+with ``step_loss_mask: 0`` (loss on the final assistant turn only).
+
+Nothing is written for an unreachable endpoint (the error names the URL and what failed); rows are written to
+``OUT.partial`` as they finish and renamed to ``OUT``, in task order, at the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sys
+import time
+import zlib
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+from tqdm import tqdm
+
+from megatron_rl.rollout.agent import ConversationCodec, farm_verify_fn
+from megatron_rl.rollout.client import EngineClient, EngineError
+from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, feedback_text, initial_messages
+from megatron_rl.rollout.protocol import SamplingParams
+from megatron_rl.tokenizer import load_tokenizer
+from verifier.config import VerifierConfig
+from verifier.farm import FarmConfig, VerifierFarm
+from verifier.samples import ResultsWriter
+from verifier.types import Category, VerifyResult
+
+from .generate import GeneratedTask
+from .taskset import verifier_task
+from .teacher import Unsupported, offline_answer
+from .util import DataSynthError, atomic_write_jsonl
+
+log = logging.getLogger("data_synth")
+ROW_FORMAT = "data_synth.sft/1"
+
+
+class EndpointError(RuntimeError):
+    """The teacher endpoint is unreachable or answered something that is not a completion."""
+
+
+@dataclasses.dataclass
+class DistillConfig:
+    endpoint: str | None = None
+    offline: bool = False
+    api: str = "auto"                  # auto | sglang | openai
+    model: str | None = None           # OpenAI-compatible: the served model name
+    tokenizer: str = "qwen3-offline"   # SGLang: chat template and token ids
+    backend: str = "cpu"
+    samples: int = 1
+    turns: int = 1
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_new_tokens: int = 4096
+    concurrency: int = 8
+    seed: int = 0
+    keep: str = "pass"                 # pass | all
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    cache_dir: str | None = None
+    compile_workers: int | None = None
+    timing_trials: int | None = None
+    trials: int | None = None
+    size_profile: str | None = None
+    request_timeout_s: float = 1800.0
+    infra_retries: int = 2
+    verifier: dict[str, Any] = dataclasses.field(default_factory=dict)   # extra VerifierConfig fields
+
+    def __post_init__(self) -> None:
+        if self.offline == (self.endpoint is not None):
+            raise DataSynthError("give exactly one teacher: --endpoint URL or --offline")
+        if self.api not in ("auto", "sglang", "openai"):
+            raise DataSynthError(f"--api must be auto, sglang or openai, got {self.api!r}")
+        if self.keep not in ("pass", "all"):
+            raise DataSynthError(f"--keep must be pass or all, got {self.keep!r}")
+        for name in ("samples", "turns", "concurrency", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise DataSynthError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.endpoint is not None:
+            u = urlparse(self.endpoint if "://" in self.endpoint else "http://" + self.endpoint)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise DataSynthError(f"--endpoint {self.endpoint!r} is not an http(s) URL")
+
+    def verifier_config(self) -> VerifierConfig:
+        kw: dict[str, Any] = {"backend": self.backend}
+        if self.trials is not None:
+            kw["num_correct_trials"] = self.trials
+        if self.timing_trials is not None:
+            kw["num_timing_trials"] = self.timing_trials
+        if self.cache_dir is not None:
+            kw["build_cache_dir"] = self.cache_dir
+        kw.update(self.verifier)
+        try:
+            return VerifierConfig(**kw)
+        except (TypeError, ValueError) as e:
+            raise DataSynthError(f"invalid verifier configuration: {e}") from None
+
+
+@dataclasses.dataclass
+class DistillSummary:
+    out: str
+    teacher: str
+    tasks: int = 0
+    responses: int = 0
+    passed_samples: int = 0
+    rows_written: int = 0
+    infra_samples: int = 0
+    skipped_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
+    categories: dict[str, int] = dataclasses.field(default_factory=dict)
+    mean_speedup: float | None = None
+    verdicts_out: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ teachers
+
+class _Teacher:
+    name = "teacher"
+
+    async def respond(self, task: GeneratedTask, messages: list[dict[str, str]], seed: int) -> str | None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+class OfflineTeacher(_Teacher):
+    """Template kernels: one answer per task; no repair of a failed answer (it would be the same)."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.name = f"offline:{backend}"
+        self.recipes: dict[str, str] = {}
+
+    async def respond(self, task, messages, seed):
+        if len(messages) > 1 + (messages[0]["role"] == "system"):
+            return None
+        ans = offline_answer(task, self.backend)
+        self.recipes[task.task_id] = ans.recipe
+        return ans.response
+
+
+class SGLangTeacher(_Teacher):
+    """SGLang native API: chat template rendered here, ``/generate`` on token ids."""
+
+    def __init__(self, client: EngineClient, tokenizer: Any, cfg: DistillConfig):
+        self.client, self.cfg = client, cfg
+        self.codec = ConversationCodec(tokenizer)
+        self.name = f"sglang:{client.url}"
+
+    async def respond(self, task, messages, seed):
+        ids = self.codec.prompt_ids(messages)
+        sp = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                            max_new_tokens=self.cfg.max_new_tokens, stop_token_ids=list(self.codec.stop_token_ids),
+                            seed=seed)
+        res = await self.client.generate(ids, sp, return_logprob=False)
+        return self.codec.decode_response(res.token_ids)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class OpenAITeacher(_Teacher):
+    """OpenAI-compatible ``/v1/chat/completions`` (vLLM, SGLang's OpenAI server, hosted APIs)."""
+
+    def __init__(self, client: EngineClient, model: str, cfg: DistillConfig):
+        self.client, self.model, self.cfg = client, model, cfg
+        self.name = f"openai:{client.url}:{model}"
+
+    async def respond(self, task, messages, seed):
+        body = {"model": self.model, "messages": messages, "temperature": self.cfg.temperature,
+                "top_p": self.cfg.top_p, "max_tokens": self.cfg.max_new_tokens, "seed": seed}
+        out = await self.client.request("POST", "/v1/chat/completions", json_body=body, idempotent=False,
+                                        timeout_s=self.cfg.request_timeout_s)
+        try:
+            return str(out["choices"][0]["message"]["content"] or "")
+        except (KeyError, IndexError, TypeError):
+            raise EndpointError(f"{self.client.url}/v1/chat/completions answered without choices[0].message."
+                                f"content: {str(out)[:300]}") from None
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def _probe(client: EngineClient, path: str) -> Any:
+    return await client.request("GET", path, idempotent=False, timeout_s=15)
+
+
+async def connect(cfg: DistillConfig) -> _Teacher:
+    """The endpoint teacher; raises :class:`EndpointError` naming the URL when nothing answers."""
+    url = cfg.endpoint or ""
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    url = url.rstrip("/")
+    api = cfg.api
+    if url.endswith("/v1"):
+        url, api = url[:-3], "openai" if api == "auto" else api
+    client = EngineClient(url)
+    errors = []
+    models = None
+    if api in ("auto", "openai"):
+        try:
+            models = await _probe(client, "/v1/models")
+            api = "openai"
+        except EngineError as e:
+            errors.append(f"GET /v1/models: {e}")
+            if api == "openai":
+                await client.close()
+                raise EndpointError(f"cannot reach the OpenAI-compatible endpoint {url}: {e}") from None
+    if api in ("auto", "sglang"):
+        try:
+            await _probe(client, "/health")
+            api = "sglang"
+        except EngineError as e:
+            errors.append(f"GET /health: {e}")
+            await client.close()
+            raise EndpointError(f"cannot reach the teacher endpoint {url} ({'; '.join(errors)})") from None
+    if api == "openai":
+        model = cfg.model
+        if model is None:
+            data = models.get("data") if isinstance(models, dict) else None
+            model = data[0].get("id") if isinstance(data, list) and data and isinstance(data[0], dict) else "default"
+        return OpenAITeacher(client, str(model), cfg)
+    try:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+    except (OSError, ValueError) as e:
+        await client.close()
+        raise DataSynthError(f"--tokenizer {cfg.tokenizer!r}: {e}") from None
+    return SGLangTeacher(client, tokenizer, cfg)
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+def _verdict_summary(v: VerifyResult) -> dict[str, Any]:
+    return {"category": v.category.value, "q": v.q, "speedup": v.speedup, "reward": v.reward,
+            "speedup_compile": v.speedup_compile, "t_ref_ms": v.t_ref_ms, "t_cand_ms": v.t_cand_ms,
+            "rule": v.rule, "feedback": v.feedback}
+
+
+def sft_messages(prompt: list[dict[str, str]], turns: list[tuple[str, str | None]]) -> list[dict[str, Any]]:
+    """Prompt + (answer, feedback) turns as chat messages; only the final assistant turn has loss."""
+    msgs = [dict(m, step_loss_mask=0) for m in prompt]
+    for k, (answer, feedback) in enumerate(turns):
+        msgs.append({"role": "assistant", "content": answer, "step_loss_mask": 1 if k == len(turns) - 1 else 0})
+        if feedback is not None and k < len(turns) - 1:
+            msgs.append({"role": "user", "content": feedback, "step_loss_mask": 0})
+    return msgs
+
+
+async def _sample(task: GeneratedTask, k: int, teacher: _Teacher, verify, cfg: DistillConfig,
+                  vt: Any) -> dict[str, Any] | None:
+    prompt = initial_messages(vt, cfg.backend, cfg.system_prompt)
+    messages = list(prompt)
+    turns: list[tuple[str, str | None]] = []
+    verdicts: list[VerifyResult] = []
+    for turn in range(1, cfg.turns + 1):
+        seed = zlib.crc32(f"{cfg.seed}/{task.task_id}/{k}/{turn}".encode()) & 0x7FFFFFFF
+        answer = await teacher.respond(task, messages, seed)
+        if answer is None:
+            break
+        v = None
+        for _ in range(cfg.infra_retries + 1):
+            v = await verify(vt, answer)
+            if v.category != Category.INFRA:
+                break
+        assert v is not None
+        verdicts.append(v)
+        fb = None if v.passed else feedback_text(v.category.value, v.q, v.feedback)
+        turns.append((answer, fb))
+        if v.passed or v.category == Category.INFRA:
+            break
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": fb}]
+    if not turns:
+        return None
+    final = verdicts[-1]
+    return {"format": ROW_FORMAT, "task_id": task.task_id, "sample_id": f"{task.task_id}#{k}",
+            "messages": sft_messages(prompt, turns), "passed": final.passed, "speedup": final.speedup,
+            "verdict": _verdict_summary(final), "verdicts": [_verdict_summary(v) for v in verdicts],
+            "turns": len(turns), "source": teacher.name, "backend": cfg.backend, "stage": task.stage,
+            "families": task.families, "ops": task.ops, "level": task.stage,
+            "_verify_results": verdicts}
+
+
+async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: VerifierFarm, cfg: DistillConfig,
+               writer: ResultsWriter, summary: DistillSummary, progress: bool) -> list[dict[str, Any]]:
+    verify = farm_verify_fn(farm)
+    sem = asyncio.Semaphore(cfg.concurrency)
+    jobs: list[tuple[int, GeneratedTask, int]] = []
+    order = 0
+    samples = 1 if isinstance(teacher, OfflineTeacher) else cfg.samples
+    vtasks = {}
+    for t in tasks:
+        if isinstance(teacher, OfflineTeacher):
+            try:
+                offline_answer(t, cfg.backend)
+            except Unsupported as e:
+                summary.skipped_tasks[t.task_id] = f"offline teacher: {e}"
+                log.warning("skip %s: offline teacher: %s", t.task_id, e)
+                continue
+        vtasks[t.task_id] = verifier_task(t)
+        for k in range(samples):
+            jobs.append((order, t, k))
+            order += 1
+    results: list[dict[str, Any] | None] = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc="distill", unit="sample", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True)
+
+    async def one(idx: int, t: GeneratedTask, k: int) -> None:
+        async with sem:
+            row = await _sample(t, k, teacher, verify, cfg, vtasks[t.task_id])
+        results[idx] = row
+        if row is not None and (cfg.keep == "all" or row["passed"]):
+            writer.append({key: v for key, v in row.items() if not key.startswith("_")})
+        bar.update(1)
+
+    try:
+        await asyncio.gather(*(one(i, t, k) for i, t, k in jobs))
+    finally:
+        bar.close()
+    return [r for r in results if r is not None]
+
+
+def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, verdicts_path: str | None = None,
+            progress: bool = True, farm_config: FarmConfig | None = None) -> DistillSummary:
+    """Sample, verify and write SFT rows for ``tasks`` (read with ``taskset.read_task_set``)."""
+    if not tasks:
+        raise DataSynthError("no tasks to distill")
+    missing = [t.task_id for t in tasks if t.path is None]
+    if missing:
+        raise DataSynthError(f"tasks must be on disk (write the task set first): {', '.join(missing[:5])}")
+    t0 = time.time()
+    vcfg = cfg.verifier_config()
+    summary = DistillSummary(out=out, teacher="offline" if cfg.offline else str(cfg.endpoint), tasks=len(tasks))
+
+    async def main() -> tuple[_Teacher, list[dict[str, Any]]]:
+        teacher = OfflineTeacher(cfg.backend) if cfg.offline else await connect(cfg)
+        try:
+            farm = VerifierFarm(vcfg, farm_config or FarmConfig(compile_workers=cfg.compile_workers,
+                                                                size_profile=cfg.size_profile))
+        except (RuntimeError, ValueError, ImportError) as e:
+            await teacher.close()
+            raise RuntimeError(f"cannot start the verifier farm: {e}") from e
+        writer = ResultsWriter(out)
+        finished = False
+        try:
+            rows = await _run(tasks, teacher, farm, cfg, writer, summary, progress)
+            finished = True
+        finally:
+            farm.close(drain=finished)
+            await teacher.close()
+            if not finished:
+                writer.close()
+        kept = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows
+                if cfg.keep == "all" or r["passed"]]
+        writer.finish(kept)
+        return teacher, rows
+
+    try:
+        teacher, rows = asyncio.run(main())
+    except EngineError as e:
+        raise EndpointError(f"teacher endpoint failed: {e}") from None
+    summary.teacher = teacher.name
+    verdict_rows = []
+    speedups = []
+    for r in rows:
+        for turn, v in enumerate(r["_verify_results"], 1):
+            summary.responses += 1
+            summary.categories[v.category.value] = summary.categories.get(v.category.value, 0) + 1
+            verdict_rows.append({"sample_id": f"{r['sample_id']}/t{turn}", "task_id": r["task_id"],
+                                 "level": r["stage"], "op_family": (r["families"] or [None])[0], **v.to_dict(),
+                                 "meta": {"turn": turn, "source": r["source"]}})
+        summary.passed_samples += int(r["passed"])
+        summary.infra_samples += int(r["verdict"]["category"] == Category.INFRA.value)
+        if r["passed"] and r["speedup"] is not None:
+            speedups.append(r["speedup"])
+    summary.rows_written = sum(1 for r in rows if cfg.keep == "all" or r["passed"])
+    summary.mean_speedup = round(sum(speedups) / len(speedups), 4) if speedups else None
+    if verdicts_path:
+        atomic_write_jsonl(verdicts_path, verdict_rows)
+        summary.verdicts_out = verdicts_path
+    log.info("distill: %d rows in %.1fs", summary.rows_written, time.time() - t0)
+    return summary
