@@ -51,12 +51,12 @@ def main() -> int:
     overrides = [
         "cluster.backend=local", f"cluster.use_gpu={str(gpu).lower()}", f"train.log_dir={log_dir}",
         f"train.steps={args.steps}", f"data.prompts_per_step={args.prompts}", f"agent.group_size={args.group}",
-        f"advantage.group_size={args.group}", f"agent.sampling.max_new_tokens={args.max_new if gpu else 16}",
+        f"agent.sampling.max_new_tokens={args.max_new if gpu else 16}",
         f"agent.max_concurrency={args.prompts * args.group}", "agent.max_turns=1",
         f"actor.params_dtype={'bfloat16' if gpu else 'float32'}", f"rollout.engine_dtype={'bfloat16' if gpu else 'float32'}",
-        f"agent.backend={'cuda' if gpu else 'cpu'}", f"verifier.backend={'cuda' if gpu else 'cpu'}",
+        f"kernel_backend={'cuda' if gpu else 'cpu'}",
         "actor.max_tokens_per_gpu=16384", "train.save_interval=0",
-        *(["farm.size_profile=gpu"] if gpu else []), *shape,
+        *(["data.size_profile=gpu"] if gpu else []), *shape,
     ]
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides)
     summary = run(cfg)

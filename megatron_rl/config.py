@@ -5,15 +5,19 @@ typed schema below, then `validate()` checks everything that can be checked befo
 starts (files exist, parallel sizes fit, options are coherent). Every problem is reported at once,
 each naming its key, so a bad launch fails in a second instead of after Ray is up.
 
-Sections reuse the owning modules' dataclasses (actor, agent, algorithms, verifier) so a knob is
-defined exactly once. `megatron:` (under `actor`) and `rollout.sglang` are passthrough dicts: extra
-TransformerConfig fields and SGLang server arguments.
+Sections reuse the owning modules' dataclasses (actor, agent, algorithms, verifier; `farm:` is built
+from verifier.farm.FarmConfig's own fields) so every value has one owner: the group size is
+``agent.group_size``, the eq. 2 reward parameters ``verifier.reward``, the kernel backend (what prompts ask
+for and what the verifier checks) ``kernel_backend``, dynamic sampling ``agent.dynamic_sampling``.
+`megatron:` (under `actor`) and `rollout.sglang` are passthrough dicts: extra TransformerConfig fields
+and SGLang server arguments.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from megatron_rl.actor.actor import ActorConfig
 from megatron_rl.algorithms import AdvantageConfig, BDRConfig, PolicyLossConfig
 from megatron_rl.rollout.agent import AgentConfig
 from verifier.config import VerifierConfig
+from verifier.farm import FarmConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,26 +104,48 @@ class RolloutConfig:
     sync_bucket_mb: int = 512
 
 
-@dataclasses.dataclass
-class FarmSection:
-    """Layout of the verifier farm (see verifier.farm.FarmConfig); the verdict is `verifier:`."""
+# FarmConfig fields that are not `farm:` keys: size_profile is `data.size_profile` (the prompts must show
+# the shapes the farm runs, so the environment applies it to the tasks); the agent needs a blocking submit.
+_FARM_FIELDS_NOT_IN_CONFIG = ("size_profile", "block_when_full")
 
-    backend: str = "process"             # process: pools inside the rollout manager | ray: Ray actors
-    compile_workers: int | None = None   # None: all cores
-    device_workers: int | None = None    # None: workers_per_device per GPU / cpu_device_workers on CPU
-    workers_per_device: int = 3          # device workers sharing a GPU; they take turns to time
-    cpu_device_workers: int = 1
-    max_in_flight: int = 512
-    max_retries: int = 2                 # infra retries
-    size_profile: str | None = None      # e.g. "gpu": realistic task shapes from the manifest
-    result_cache_path: str | None = None
+
+def _farm_section() -> type:
+    """The `farm:` section: every plain-valued field of verifier.farm.FarmConfig (same names, defaults and
+    checks, so a farm setting has one owner) plus ``backend``, where the farm runs."""
+    hints = typing.get_type_hints(FarmConfig)
+    fields = []
+    for f in dataclasses.fields(FarmConfig):
+        args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
+        if f.name in _FARM_FIELDS_NOT_IN_CONFIG or len(args) != 1 or args[0] not in (int, float, str, bool):
+            continue
+        optional = type(None) in typing.get_args(hints[f.name])
+        fields.append((f.name, typing.Optional[args[0]] if optional else args[0], dataclasses.field(default=f.default)))
+    # process: pools inside the rollout manager | ray: compile and device workers as Ray actors
+    fields.append(("backend", str, dataclasses.field(default="process")))
+
+    def farm_config_kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "backend"}
+
+    def validate(self) -> None:
+        if self.backend not in ("process", "ray"):
+            raise ValueError(f"backend must be process|ray, got {self.backend!r}")
+        FarmConfig(**self.farm_config_kwargs()).validate()
+
+    return dataclasses.make_dataclass("FarmSection", fields, namespace={
+        "farm_config_kwargs": farm_config_kwargs, "validate": validate,
+        "__doc__": "Layout of the verifier farm: verifier.farm.FarmConfig's fields + backend."})
+
+
+FarmSection = _farm_section()
 
 
 @dataclasses.dataclass
 class DataConfig:
-    tasks: str = "verifier/tasks"        # task folder, manifest or list file; or "toy"
+    environment: str = "kernel"          # kernel | toy | pkg.module:Class (see megatron_rl.rollout.environment)
+    tasks: str = "verifier/tasks"        # kernel tasks: folder, manifest or list file
     levels: list[int] = dataclasses.field(default_factory=list)  # empty: all levels
-    prompts_per_step: int = 8            # groups per step (batch = prompts_per_step * group_size)
+    size_profile: str | None = None      # e.g. "gpu": realistic task shapes from the manifest
+    prompts_per_step: int = 8            # groups per step (batch = prompts_per_step * agent.group_size)
     shuffle_seed: int = 0
 
 
@@ -131,8 +158,6 @@ class TrainConfig:
     resume: bool = False
     dump_samples: bool = True
     max_failed_steps: int = 3            # consecutive skipped (NaN / failed) steps before giving up
-    dynamic_sampling: bool = False       # drop zero-variance groups, oversample to fill the batch
-    max_oversample_rounds: int = 4
     kill_at_step: int | None = None      # fault injection for resume tests: stop hard when this step starts
 
 
@@ -140,9 +165,9 @@ class TrainConfig:
 class RLConfig:
     name: str = "run"
     seed: int = 1234
-    # Sets both agent.backend (what the prompt asks for) and verifier.backend (what checks it):
-    # cpu | cuda | musa | auto (cuda when a GPU is visible, else cpu). None: set them separately.
-    kernel_backend: str | None = None
+    # What the prompts ask for and what the verifier checks (it sets verifier.backend):
+    # cpu | cuda | musa | auto (cuda when a GPU is visible, else cpu)
+    kernel_backend: str = "auto"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
@@ -158,14 +183,15 @@ class RLConfig:
 
     @property
     def run_dir(self) -> Path:
-        return _abs(self.train.log_dir)
+        return abs_path(self.train.log_dir)
 
     @property
     def ckpt_root(self) -> Path:
-        return _abs(self.train.ckpt_dir) if self.train.ckpt_dir else self.run_dir / "ckpt"
+        return abs_path(self.train.ckpt_dir) if self.train.ckpt_dir else self.run_dir / "ckpt"
 
 
-def _abs(p: str) -> Path:
+def abs_path(p: str) -> Path:
+    """A config path: ~ expanded, relative ones from the repository root."""
     path = Path(os.path.expanduser(p))
     return path if path.is_absolute() else REPO_ROOT / path
 
@@ -197,7 +223,7 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RLConfi
         merged, problems = _merge_each(layers, overrides)
     if merged is not None:  # report what the good overrides still get wrong too: a run fails once, not per typo
         try:
-            _apply_kernel_backend(merged)
+            _apply_kernel_backend(merged, _sets_verifier_backend(layers[1:], overrides))
         except ConfigError as e:
             problems += e.problems
         except OmegaConfBaseException as e:
@@ -273,10 +299,17 @@ def _named(section: str, message: str, fields) -> list[str]:
     return out
 
 
-def _apply_kernel_backend(merged) -> None:
+def _sets_verifier_backend(presets: list, overrides: list[str]) -> bool:
+    return any(OmegaConf.select(p, "verifier.backend") is not None for p in presets) or \
+        any(o.split("=", 1)[0].strip() == "verifier.backend" for o in overrides)
+
+
+def _apply_kernel_backend(merged, verifier_backend_set: bool) -> None:
+    """``kernel_backend`` is the one owner of the backend: it sets ``verifier.backend``."""
+    if verifier_backend_set:
+        raise ConfigError("verifier.backend: set kernel_backend instead (it is both what the prompts ask for "
+                          "and what the verifier checks)")
     kb = merged.get("kernel_backend")
-    if kb is None:
-        return
     if kb not in ("auto", "cpu", "cuda", "musa"):
         raise ConfigError(f"kernel_backend must be auto|cpu|cuda|musa, got {kb!r}")
     if kb == "auto":
@@ -284,7 +317,6 @@ def _apply_kernel_backend(merged) -> None:
 
         kb = "cuda" if torch.cuda.is_available() else "cpu"
     merged.kernel_backend = kb
-    merged.agent.backend = kb
     merged.verifier.backend = kb
 
 
@@ -294,12 +326,10 @@ def to_yaml(cfg: RLConfig) -> str:
 
 # Lower bounds of the integer knobs (None passes: those fields are optional).
 _AT_LEAST = {
-    "train.steps": 1, "train.save_interval": 0, "train.max_failed_steps": 1, "train.max_oversample_rounds": 0,
+    "train.steps": 1, "train.save_interval": 0, "train.max_failed_steps": 1,
     "train.kill_at_step": 0, "cluster.actor_world_size": 1, "cluster.rollout_gpus": 0, "cluster.num_cpus": 1,
     "rollout.num_engines": 1, "rollout.gpus_per_engine": 1, "rollout.sync_bucket_mb": 1,
-    "farm.compile_workers": 1, "farm.device_workers": 1, "farm.workers_per_device": 1, "farm.cpu_device_workers": 1,
-    "farm.max_in_flight": 1,
-    "farm.max_retries": 0, "data.prompts_per_step": 1, "agent.max_prompt_tokens": 1, "agent.max_context_tokens": 2,
+    "farm.cpu_device_workers": 1, "farm.recycle_after": 1, "data.prompts_per_step": 1, "agent.max_prompt_tokens": 1, "agent.max_context_tokens": 2,
 }
 
 
@@ -373,20 +403,24 @@ def validate(cfg: RLConfig) -> None:
     need(r.engine in ("embedded", "sglang"), f"rollout.engine must be 'embedded' or 'sglang', got {r.engine!r}")
     need(r.engine_dtype in ("float32", "bfloat16", "float16"),
          f"rollout.engine_dtype must be float32|bfloat16|float16, got {r.engine_dtype!r}")
-    need(cfg.farm.backend in ("process", "ray"), f"farm.backend must be process|ray, got {cfg.farm.backend!r}")
     need(not (r.use_router and r.engine != "sglang"), "rollout.use_router needs rollout.engine=sglang")
-    if cfg.advantage.group_size is not None:
-        need(cfg.advantage.group_size == cfg.agent.group_size,
-             f"advantage.group_size={cfg.advantage.group_size} differs from agent.group_size={cfg.agent.group_size}")
-    need(cfg.agent.backend == cfg.verifier.backend,
-         f"agent.backend={cfg.agent.backend!r} (what the prompt asks for) differs from "
-         f"verifier.backend={cfg.verifier.backend!r} (what checks it)")
+    try:  # the farm's own checks (FarmConfig.validate)
+        cfg.farm.validate()
+    except ValueError as e:
+        problems += _named("farm", str(e), {f.name for f in dataclasses.fields(cfg.farm)})
+    env_cls = None
+    try:
+        from megatron_rl.rollout.environment import environment_class
+
+        env_cls = environment_class(d.environment)
+    except Exception as e:  # noqa: BLE001 - an import path that does not resolve
+        problems.append(f"data.environment: {e}")
 
     hf, where = None, "model.tiny"
     par = f"actor.tp={a.tp}, actor.pp={a.pp}" + (f", actor.vpp={a.vpp}" if a.vpp else "")
     if cfg.model.path is not None:
         where = "model.path"
-        mp = _abs(cfg.model.path)
+        mp = abs_path(cfg.model.path)
         need(mp.is_dir(), f"model.path: {mp} is not a directory")
         if mp.is_dir():
             need((mp / "config.json").is_file(), f"model.path: {mp} has no config.json")
@@ -412,13 +446,14 @@ def validate(cfg: RLConfig) -> None:
     if cfg.model.tokenizer == "auto":
         cfg.model.tokenizer = cfg.model.path if cfg.model.path else "qwen3-offline"
     if cfg.model.tokenizer != "qwen3-offline":
-        tp = _abs(cfg.model.tokenizer)
+        tp = abs_path(cfg.model.tokenizer)
         need(tp.is_dir(), f"model.tokenizer: {tp} is not a directory (or use 'qwen3-offline')")
         if tp.is_dir():
             need(any((tp / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")),
                  f"model.tokenizer: {tp} has no tokenizer files (tokenizer.json / tokenizer_config.json); "
                  f"set model.tokenizer=qwen3-offline or point it at a tokenizer dir")
-    elif d.tasks != "toy" and hf is not None and (cfg.model.path or cfg.model.tiny.vocab_size is not None):
+    elif env_cls is not None and env_cls.own_tokenizer() is None and hf is not None and \
+            (cfg.model.path or cfg.model.tiny.vocab_size is not None):
         from megatron_rl.tokenizer import QWEN3_ADDED_TOKENS
 
         n_tok = QWEN3_ADDED_TOKENS[-1][0] + 1
@@ -442,12 +477,9 @@ def validate(cfg: RLConfig) -> None:
     existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
     need(existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK),
          f"train.log_dir: cannot create {run_dir} ({existing} is not a writable directory)")
-    if d.tasks != "toy":
-        tasks = _abs(d.tasks)
-        need(tasks.exists(), f"data.tasks: {tasks} does not exist")
-        if tasks.exists():
-            problems += _task_problems(tasks, d.levels)
-    if cfg.agent.reward_fn not in (None, "eq2"):
+    if env_cls is not None:
+        problems += env_cls.config_problems(cfg)
+    if cfg.agent.reward_fn is not None:
         try:
             from megatron_rl.algorithms import load_callable
             load_callable(cfg.agent.reward_fn)
@@ -456,18 +488,3 @@ def validate(cfg: RLConfig) -> None:
     if problems:
         raise ConfigError(problems)
 
-
-def _task_problems(tasks: Path, levels: list[int]) -> list[str]:
-    """The task set loads (it takes a tenth of a second) and holds tasks of the requested levels."""
-    from verifier.tasks import load_task_set
-
-    try:
-        found = load_task_set(str(tasks))
-    except Exception as e:  # noqa: BLE001 - TaskError, OSError, SyntaxError in a task file
-        return [f"data.tasks: {tasks}: {e}"]
-    have = sorted({t.level for t in found if t.level is not None})
-    if not found:
-        return [f"data.tasks: {tasks} holds no tasks"]
-    if levels and not any(t.level in set(levels) for t in found):
-        return [f"data.levels={list(levels)}: {tasks} has no task of those levels (it has levels {have})"]
-    return []

@@ -1,8 +1,9 @@
 """Scored rollout groups -> the actor's training batch, plus the rollout metrics of a step.
 
-Pure bookkeeping between the agent loop and the actor: GRPO advantages per group, one
-`TrainSample` per trajectory (loss mask on the trained response, rollout logprobs and advantages
-aligned to tokens), and the numbers the run logs (reward, pass rate, speedup, turns per success).
+Pure bookkeeping on the rollout side, between the agent loop and the actor: GRPO advantages per
+group, one `TrainSample` per trained turn of each trajectory (loss mask on the response, rollout
+logprobs and advantages aligned to tokens), and the numbers the run logs (reward, pass rate, speedup,
+turns per success, turns cut or skipped for lack of context).
 """
 from __future__ import annotations
 
@@ -15,18 +16,17 @@ from megatron_rl.rollout.agent import GroupResult, Trajectory
 from megatron_rl.types import TrainSample
 
 
-def build_train_batch(groups: Sequence[GroupResult], adv_cfg: AdvantageConfig
+def build_train_batch(groups: Sequence[GroupResult], adv_cfg: AdvantageConfig, group_size: int | None = None
                       ) -> tuple[list[TrainSample], list[Trajectory]]:
-    """One sample per trajectory, in group order. Groups must be scored (status ok)."""
+    """The samples of every trained turn, in group order. Groups must be scored (status ok)."""
     if not groups:
         raise ValueError("no scored groups to train on")
-    advantages = batch_advantages([g.to_reward_group() for g in groups], adv_cfg)
+    advantages = batch_advantages([g.to_reward_group() for g in groups], adv_cfg, group_size)
     samples: list[TrainSample] = []
     trajectories: list[Trajectory] = []
     for group, adv in zip(groups, advantages):
         for traj, a in zip(group.trajectories, adv):
-            # Tokens after the last trained one cannot change earlier logprobs of a causal model.
-            samples.append(traj.to_train_sample(advantage=a, trim_untrained_tail=True))
+            samples += traj.to_train_samples(advantage=a)
             trajectories.append(traj)
     return samples, trajectories
 
@@ -54,6 +54,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "speedup/geomean": math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else float("nan"),
         "response/len_mean": sum(len(t.turns[0].response_ids) for t in trajectories) / n,
         "response/truncated_frac": sum(1 for t in first if t.finish_reason == "length") / n,
+        "turns/cut_frac": sum(tr.cut for t in trajectories for tr in t.turns) / sum(t.num_turns for t in trajectories),
+        "turns/context_exhausted_frac": sum(t.context_exhausted for t in trajectories) / n,
     }
     for cat, c in cats.items():
         out[f"verdict/{cat}"] = c / n

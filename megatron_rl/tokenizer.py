@@ -49,13 +49,23 @@ QWEN3_ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
 QWEN3_NUM_BPE_RANKS = 151643
 
 # ChatML, as Qwen3 renders it for plain (tool-free) conversations. ``enable_thinking=False`` opens
-# the assistant turn with an empty think block, which is how Qwen3 switches reasoning off.
+# the assistant turn with an empty think block, which is how Qwen3 switches reasoning off. Like Qwen3's
+# own template, an assistant answer before the last user message keeps only what follows its last
+# ``</think>``: past reasoning does not stay in the context of later turns.
 CHATML_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] -%}"
     "{{- raise_exception('unknown chat role: ' + message['role']) -}}"
     "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- set content = message['content'] -%}"
+    "{%- if message['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
@@ -66,7 +76,7 @@ CHATML_TEMPLATE = (
 )
 
 # Bump when the build recipe changes so stale caches are not reused.
-_BUILD_VERSION = "1"
+_BUILD_VERSION = "2"
 
 
 def load_tokenizer(name_or_path: str, cache_dir: str | os.PathLike | None = None):

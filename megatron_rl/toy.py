@@ -2,20 +2,19 @@
 
 It exists to prove the loop learns end to end (Ray, the embedded engine over HTTP, the Megatron
 actor, weight sync, GRPO) in minutes on two cores, which a kernel task cannot do with a random
-model. Everything that would be a verifier verdict is replaced by a declared toy verdict, and the
-reward comes from the pluggable per-turn reward hook (`AgentConfig.reward_fn`):
+model. `ToyEnvironment` is the second implementation of the rollout's environment interface
+(`megatron_rl.rollout.environment`, ``data.environment: toy``): every response gets a declared toy
+verdict (a pass, so nothing is ever fed back or buffered for repair), and it brings:
 
 * tokenizer: characters (a-z, digits, a little punctuation) plus ChatML control tokens, so a model
   with a vocabulary of ~60 can be trained from scratch;
-* reward: the fraction of generated tokens that are in the target set (the first 5 letters), which a
+* score: the fraction of generated tokens that are in the target set (the first 5 letters), which a
   uniform random policy hits about 11% of the time and a trained one nearly always.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import string
-from pathlib import Path
 
 from verifier.types import Category, VerifyResult
 
@@ -47,16 +46,6 @@ def build_tokenizer():
     return fast
 
 
-def save_tokenizer(path: str | os.PathLike) -> Path:
-    """Write the toy tokenizer as an HF tokenizer dir (temp dir, then rename)."""
-    from megatron_rl.fsutil import publish_dir
-
-    path = Path(path)
-    if (path / "tokenizer.json").is_file():
-        return path
-    return publish_dir(build_tokenizer().save_pretrained, path)
-
-
 @dataclasses.dataclass(frozen=True)
 class ToyTask:
     task_id: str
@@ -70,6 +59,46 @@ class ToyTask:
 
 def toy_tasks() -> list[ToyTask]:
     return [ToyTask(task_id=f"toy_{i}", prompt=p) for i, p in enumerate(PROMPTS)]
+
+
+class ToyEnvironment:
+    """The toy task behind the environment interface: its own tokenizer, prompts, verdicts and score."""
+
+    @classmethod
+    def from_config(cls, cfg, *, use_gpu: bool = False) -> "ToyEnvironment":
+        return cls()
+
+    @staticmethod
+    def config_problems(cfg) -> list[str]:
+        return []
+
+    @staticmethod
+    def own_tokenizer():
+        return build_tokenizer()
+
+    def tasks(self) -> list[ToyTask]:
+        return toy_tasks()
+
+    def prompt(self, task: ToyTask) -> list[dict[str, str]]:
+        return task.messages()
+
+    async def verify(self, task: ToyTask, response: str) -> VerifyResult:
+        return toy_verdict(task, response)
+
+    def score(self, outcome) -> float:
+        return target_fraction_reward(outcome)
+
+    def feedback(self, verdict: VerifyResult) -> str:
+        return ""
+
+    def repair_prompt(self, task, entry) -> None:
+        return None
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
 def target_token_ids(tokenizer) -> set[int]:

@@ -1,12 +1,14 @@
-"""The RL driver: rollout -> advantages -> logprobs -> train -> checkpoint -> weight sync.
+"""The RL driver: rollout -> train -> checkpoint -> weight sync, one step after another.
 
     python -m megatron_rl.train --config configs/quickstart.yaml [key=value ...] [--resume]
 
-Each step generates `data.prompts_per_step` groups of `agent.group_size` multi-turn trajectories
-(rewards from the verifier farm, PrimeEcho over turns), turns them into GRPO-advantaged training
-samples, recomputes the old-policy logprobs, takes one optimizer step with the PPO-clip /
-MirrorPop loss, checkpoints, and pushes the new weights into the engines. Everything the step
-did is logged (TensorBoard, console line, JSONL samples); the last stdout line is a JSON summary.
+Each step the rollout side generates `data.prompts_per_step` groups of `agent.group_size` multi-turn
+trajectories (verdicts and scores from the environment, PrimeEcho over turns, dynamic sampling in
+submission order) and turns them into GRPO-advantaged training samples; the train ranks compute the
+old-policy (and reference) logprobs their loss needs and take `actor.mini_batches` PPO optimizer steps;
+then the run checkpoints and pushes the new weights into the engines. The samples go from the rollout
+side to the train ranks by object reference: this loop only moves references and small metrics. The
+last stdout line is a JSON summary.
 """
 from __future__ import annotations
 
@@ -35,26 +37,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def prepare_model(cfg) -> tuple[str, str]:
-    """The HF model dir and tokenizer dir every role loads. A missing `model.path` means a tiny random
-    Qwen3-architecture model, built once per run dir (deterministic from `model.tiny.init_seed`)."""
+    """The HF model dir and tokenizer dir every role loads. The environment's own tokenizer (the toy's)
+    wins over the model's. A missing `model.path` means a tiny random Qwen3-architecture model, built once
+    per run dir (deterministic from `model.tiny.init_seed`)."""
     from megatron_rl.fsutil import publish_dir
+    from megatron_rl.rollout.environment import environment_class
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = run_dir / "tokenizer"
-    if cfg.data.tasks == "toy":
-        from megatron_rl.toy import save_tokenizer
+    tok = environment_class(cfg.data.environment).own_tokenizer()
+    if tok is None and cfg.model.tokenizer == "qwen3-offline":
+        from megatron_rl.tokenizer import load_tokenizer
 
-        save_tokenizer(tok_dir)
-        tokenizer_path = str(tok_dir)
-    elif cfg.model.tokenizer == "qwen3-offline":
-        if not (tok_dir / "tokenizer.json").is_file():
-            from megatron_rl.tokenizer import load_tokenizer
-
-            publish_dir(load_tokenizer("qwen3-offline").save_pretrained, tok_dir)
-        tokenizer_path = str(tok_dir)
-    else:
+        tok = load_tokenizer("qwen3-offline")
+    if tok is None:
         tokenizer_path = str(Path(cfg.model.tokenizer).resolve())
+    else:
+        if not (tok_dir / "tokenizer.json").is_file():
+            publish_dir(tok.save_pretrained, tok_dir)
+        tokenizer_path = str(tok_dir)
     if cfg.model.path:
         return str(Path(cfg.model.path).resolve()), tokenizer_path
     model_dir = run_dir / "model"
@@ -74,119 +76,71 @@ def prepare_model(cfg) -> tuple[str, str]:
     return str(model_dir), tokenizer_path
 
 
-def _attach(samples, name: str, values: list[list[float]]) -> None:
-    for s, v in zip(samples, values):
-        s.fields[name] = [float(x) for x in v]
-
-
 def run(cfg, resume: bool = False) -> dict:
     from megatron_rl.checkpoint import latest_iteration
     from megatron_rl.cluster import Cluster
     from megatron_rl.config import to_yaml
     from megatron_rl.observability import PhaseTimer, RunLogger
-    from megatron_rl.rl_batch import build_train_batch, rollout_metrics
 
     t_start = time.perf_counter()
-    logger = RunLogger(cfg.run_dir, dump_samples=cfg.train.dump_samples)
+    logger = RunLogger(cfg.run_dir, dump_samples=False)  # the rollout side writes samples/ itself
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     print(f"[run] logs, samples and TensorBoard in {cfg.run_dir}", flush=True)
-    startup = PhaseTimer()
-    with startup("model"):
-        model_dir, tokenizer_path = prepare_model(cfg)
-    ckpt_root = str(cfg.ckpt_root)
-    if resume and latest_iteration(ckpt_root) is None:
-        raise SystemExit(f"--resume: no checkpoint under {ckpt_root}")
-
-    with startup("cluster"):
-        cluster = Cluster(cfg, model_dir, tokenizer_path)
-    history: dict[str, list] = {"reward": []}
-    steps_done = 0
+    if resume and latest_iteration(cfg.ckpt_root) is None:
+        raise SystemExit(f"--resume: no checkpoint under {cfg.ckpt_root}")
+    cluster = Cluster(cfg, *prepare_model(cfg))
+    steps_done, failed = 0, 0
     try:
-        with startup("load"):
-            if resume:
-                extra = cluster.train.load(ckpt_root)
-                start = int(extra["step"])
-                cluster.load_rollout_state(extra["rollout"])
-                history = extra.get("history", history)
-                print(f"[run] resumed at step {start} from {ckpt_root}", flush=True)
-            else:
-                cluster.train.load_hf()
-                start = 0
-            if cfg.loss.kl_loss_coef > 0:
-                cluster.train.snapshot_ref()  # the KL reference is the starting policy
-        with startup("first sync"):
-            cluster.sync_weights(start)
-        print("[run] ready in " + ", ".join(f"{k} {v:.1f}s" for k, v in startup.seconds.items()), flush=True)
-
-        pending = cluster.rollout_async(start) if cfg.cluster.async_rollout else None
-        failed_in_a_row = 0
+        start, history = cluster.start(resume)
+        print(f"[run] ready in {time.perf_counter() - t_start:.1f}s, from step {start}", flush=True)
         for step in range(start, cfg.train.steps):
-            if cfg.train.kill_at_step is not None and step == cfg.train.kill_at_step and not resume:
+            if step == cfg.train.kill_at_step and not resume:
                 raise InjectedFault(f"train.kill_at_step={step}")
             timer = PhaseTimer()
             with timer("rollout"):
-                if pending is not None:
-                    out = pending.result()
-                    pending = cluster.rollout_async(step + 1) if step + 1 < cfg.train.steps else None
-                else:
-                    out = cluster.rollout(step)
-            if not out.groups:
-                failed_in_a_row += 1
-                print(f"[step {step + 1}] no scored groups ({out.stats.get('groups_unscored')}); step skipped",
-                      flush=True)
-                if failed_in_a_row >= cfg.train.max_failed_steps:
-                    raise RuntimeError(f"{failed_in_a_row} steps in a row produced no trainable groups")
+                rollout = cluster.rollout(step)
+            train = {}
+            if not rollout.empty:
+                with timer("train"):
+                    train = cluster.train.train(rollout.samples, cfg.loss)
+            failed = failed + 1 if rollout.empty or train["skipped"] else 0
+            _report_failure(step, failed, cfg.train.max_failed_steps, rollout.empty)
+            if rollout.empty:
                 continue
-            with timer("advantages"):
-                samples, trajectories = build_train_batch(out.groups, cfg.advantage)
-            with timer("logprobs"):
-                # the losses read π_old and π_ref on trained tokens only: no output layer over the prompts
-                _attach(samples, "old_logprobs", cluster.train.compute_logprobs(samples, trained_only=True))
-                if cfg.loss.kl_loss_coef > 0:
-                    _attach(samples, "ref_logprobs", cluster.train.compute_ref_logprobs(samples, trained_only=True))
-            with timer("train"):
-                train_metrics = cluster.train.train_step(samples, cfg.loss)
-            skipped = bool(train_metrics.get("skipped"))
-            failed_in_a_row = failed_in_a_row + 1 if skipped else 0
-            if skipped:
-                print(f"[step {step + 1}] non-finite loss or grad norm: update skipped, weights unchanged", flush=True)
-                if failed_in_a_row >= cfg.train.max_failed_steps:
-                    raise RuntimeError(f"{failed_in_a_row} steps in a row were skipped (NaN/inf)")
-            if pending is not None:
-                # one-step off-policy: the in-flight rollout finishes on the old weights before the sync
-                pending.result()
-            iteration = step + 1
-            metrics = rollout_metrics(trajectories)
-            history["reward"].append(metrics["reward/mean"])
-            save_now = iteration == cfg.train.steps or (cfg.train.save_interval and iteration % cfg.train.save_interval == 0)
-            if save_now:
+            history["reward"].append(rollout.metrics["reward/mean"])
+            if step + 1 == cfg.train.steps or (cfg.train.save_interval and (step + 1) % cfg.train.save_interval == 0):
                 with timer("save"):
-                    cluster.train.save(ckpt_root, iteration, {
-                        "step": iteration, "rollout": cluster.rollout_state(), "history": history})
+                    cluster.save(step + 1, history)
             with timer("sync"):
-                sync_report = cluster.sync_weights(iteration)
-            n_tokens = sum(len(s.tokens) for s in samples)
-            scalars = {**metrics, **{f"train/{k}": v for k, v in train_metrics.items()},
-                       "sync/seconds": sync_report.get("seconds"), "sync/gbps": sync_report.get("gbps"),
-                       "perf/tokens_per_s": n_tokens / max(sum(timer.seconds.values()), 1e-9),
-                       "rollout/groups_unscored": sum((out.stats.get("groups_unscored") or {}).values()),
-                       "bdr/size": out.stats.get("bdr_size")}
-            logger.log_step(step, scalars, timer.seconds, cfg.train.steps)
-            logger.dump_samples(step, trajectories)
+                sync = cluster.sync_weights(step + 1)
+            logger.log_step(step, {**rollout.metrics, **{f"train/{k}": v for k, v in train.items()},
+                                   "sync/seconds": sync.get("seconds"), "sync/gbps": sync.get("gbps"),
+                                   "perf/tokens_per_s": rollout.metrics["rollout/tokens"] / sum(timer.seconds.values())},
+                            timer.seconds, cfg.train.steps)
             steps_done += 1
     finally:
         cluster.shutdown()
         logger.close()
-    rewards = history["reward"]
-    summary = {
-        "steps": len(rewards), "steps_this_run": steps_done,
-        "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
-        "reward_max": max(rewards) if rewards else None,
-        "wall_seconds": round(time.perf_counter() - t_start, 2), "log_dir": str(cfg.run_dir),
-        "checkpoint": ckpt_root,
-    }
+    summary = _summary(history["reward"], steps_done, t_start, cfg)
     logger.write_summary(summary)
     return summary
+
+
+def _report_failure(step: int, failed: int, limit: int, empty: bool) -> None:
+    if not failed:
+        return
+    print(f"[step {step + 1}] " + ("no scored groups: step skipped" if empty else
+                                   "non-finite loss or grad norm: update skipped, weights unchanged"), flush=True)
+    if failed >= limit:
+        raise RuntimeError(f"{failed} steps in a row were skipped (no scored groups or NaN/inf)")
+
+
+def _summary(rewards: list, steps_done: int, t_start: float, cfg) -> dict:
+    return {"steps": len(rewards), "steps_this_run": steps_done,
+            "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
+            "reward_max": max(rewards) if rewards else None,
+            "wall_seconds": round(time.perf_counter() - t_start, 2), "log_dir": str(cfg.run_dir),
+            "checkpoint": str(cfg.ckpt_root)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,16 @@ def build_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("verifier-build-cache"))
 
 
+def pytest_configure(config):
+    # The two tiers of tests/run.sh: unit = everything not marked slow; integration = marked slow.
+    config.addinivalue_line("markers", "unit: in-process and quick (every test not marked slow)")
+    config.addinivalue_line("markers", "integration: the slow tier (spawned ranks, Ray, compiles, end-to-end runs)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the tier markers must be on the items by then
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.integration if "slow" in item.keywords else pytest.mark.unit)
     try:
         import torch
         has_cuda = torch.cuda.is_available()

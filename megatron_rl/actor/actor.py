@@ -1,4 +1,4 @@
-"""The Megatron actor: policy logprobs, one optimizer step per global batch, checkpoints.
+"""The Megatron actor: policy logprobs, one optimizer step per global batch, RL batches, checkpoints.
 
 One `MegatronActor` lives on every rank of the training group (after
 `megatron_rl.parallel.init_parallel`). Every call takes the *global* batch on every rank; the
@@ -10,6 +10,11 @@ micro-batches and DP ranks, and the actor's grad finaliser skips megatron's divi
 count, so the gradient is exactly d/dθ of the summed loss-function outputs; the loss function's
 token weights (precomputed over the global batch) make that sum the chosen mean. The result is
 independent of DP size and micro-batch split.
+
+An RL rollout batch (`train_rl_batch`) is trained as PPO does it: the logprob fields its loss declares
+(π_old from the current weights, π_ref from the initial-policy snapshot) are computed on the train ranks
+once, before the first optimizer step, then the batch is split into ``mini_batches`` optimizer steps.
+With more than one, the ratio π_θ/π_old moves away from 1 and the clip (clip-higher) acts.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from megatron_rl.types import TrainSample, validate_samples
 
 from . import optim
 from .attention import install_sdpa_attention, install_sync_free_thd_rope
-from .batching import MicroBatch, pack_micro_batch, plan_batches
+from .batching import MicroBatch, mini_batch_indices, pack_micro_batch, plan_batches
 from .forward import ForwardSpec, make_forward_step, unwrap_model
 from .losses import LossContext, LossFn, token_weights
 
@@ -61,6 +66,7 @@ class ActorConfig(optim.OptimSettings):
     # per chunk of a micro-batch)
     recompute_logprob_chunks: bool = True
     loss_aggregation: str = "token_mean"       # token_mean | seq_mean
+    mini_batches: int = 1                      # optimizer steps per RL rollout batch (PPO mini-batches)
     # memory
     recompute_granularity: str | None = None   # None | selective | full
     recompute_num_layers: int | None = None
@@ -92,6 +98,8 @@ class ActorConfig(optim.OptimSettings):
             problems.append(f"max_tokens_per_gpu={self.max_tokens_per_gpu} must be >= 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             problems.append(f"micro_batch_size={self.micro_batch_size} must be >= 1")
+        if not isinstance(self.mini_batches, int) or self.mini_batches < 1:
+            problems.append(f"mini_batches={self.mini_batches!r} must be an int >= 1")
         if self.logprob_chunk_size < 1:
             problems.append(f"logprob_chunk_size={self.logprob_chunk_size} must be >= 1")
         if self.loss_aggregation not in ("token_mean", "seq_mean"):
@@ -117,7 +125,7 @@ class MegatronActor:
 
     def __init__(self, cfg: ActorConfig, hf_config=None):
         from megatron.core import parallel_state as ps
-        from megatron_rl.models import BuildOptions, ParallelSizes, build_model, te_available
+        from megatron_rl.models import BuildOptions, ParallelSizes, build_model, spec_for, te_available, text_config
 
         cfg.validate()
         if hf_config is None:
@@ -136,7 +144,7 @@ class MegatronActor:
             raise RuntimeError("context parallelism is not supported by the actor")
         self.cfg = cfg
         self.hf_config = hf_config
-        self.vocab_size = int(hf_config.vocab_size)
+        self.vocab_size = int(text_config(hf_config).vocab_size)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
 
@@ -148,6 +156,10 @@ class MegatronActor:
         self.attention_backend = backend
         use_te = backend == "te"
         self.packed_mode = "mask" if backend == "local" else "thd"
+        if self.packed_mode == "mask" and spec_for(hf_config).needs_thd_packing:
+            raise ValueError(f"attention_backend='local' packs samples with a block mask, which cannot keep them "
+                             f"apart in {spec_for(hf_config).name}'s recurrent (Gated DeltaNet) layers; use 'sdpa' "
+                             f"or 'te' (packed thd with cu_seqlens)")
         extra = {"calculate_per_token_loss": True}
         if cfg.vpp:
             # Interleaved 1F1B sends activations and grads between the same two ranks in one batch
@@ -182,6 +194,7 @@ class MegatronActor:
         self.iteration = 0
         self._pad_multiple = cfg.tp if (cfg.sequence_parallel and cfg.tp > 1) else 1
         self._offloaded = False
+        self._reference: list[torch.Tensor] | None = None
 
     # ----- parallel layout -------------------------------------------------------------------
     @staticmethod
@@ -370,6 +383,55 @@ class MegatronActor:
                        skipped=bool(skipped), iteration=float(self.iteration))
         return metrics
 
+    # ----- RL: one rollout batch ---------------------------------------------------------------
+    def snapshot_reference(self) -> None:
+        """Keep this rank's shards of the current weights on the host as π_ref, the KL reference."""
+        self._reference = [p.detach().to("cpu", copy=True) for p in self._params()]
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for chunk in self.model for p in chunk.parameters()]
+
+    @torch.no_grad()
+    def reference_logprobs(self, samples: Sequence[TrainSample], trained_only: bool = True) -> list[torch.Tensor]:
+        """`compute_logprobs` under the reference snapshot: swap it in, compute, swap the policy back."""
+        if self._reference is None:
+            raise RuntimeError("no reference snapshot: call snapshot_reference() first")
+        params = self._params()
+        current = [p.detach().to("cpu", copy=True) for p in params]
+        for p, r in zip(params, self._reference):
+            p.copy_(r.to(p.device))
+        try:
+            return self.compute_logprobs(samples, trained_only=trained_only)
+        finally:
+            for p, c in zip(params, current):
+                p.copy_(c.to(p.device))
+
+    def train_rl_batch(self, samples: Sequence[TrainSample], loss_fn: LossFn,
+                       num_mini_batches: int | None = None) -> dict[str, float]:
+        """Train on one rollout batch: the loss's ``computed_fields`` (``{field: "policy" | "reference"}``)
+        that the samples do not carry are computed here, once, before the first optimizer step (so π_old is the
+        policy that generated the batch), then one `train_step` per mini-batch (``cfg.mini_batches`` by default).
+
+        Metrics: token-weighted means over mini-batches of the loss metrics, ``grad_norm`` averaged over the
+        steps taken, sums of the counts, the last ``lr`` and ``iteration``, ``mini_batches``,
+        ``skipped_mini_batches``, and ``skipped`` when every step was skipped (weights unchanged).
+        """
+        validate_samples(samples, vocab_size=self.vocab_size)
+        for name, weights in getattr(loss_fn, "computed_fields", {}).items():
+            if name in samples[0].fields:
+                continue
+            if weights == "policy":
+                lps = self.compute_logprobs(samples, trained_only=True)
+            elif weights == "reference":
+                lps = self.reference_logprobs(samples)
+            else:
+                raise ValueError(f"loss field {name!r}: unknown weights {weights!r} (use 'policy' or 'reference')")
+            for s, lp in zip(samples, lps):
+                s.fields[name] = lp.numpy()
+        parts = mini_batch_indices(len(samples), num_mini_batches or self.cfg.mini_batches)
+        results = [self.train_step([samples[i] for i in idx], loss_fn) for idx in parts]
+        return _combine_mini_batches(results)
+
     def _reduce_metrics(self, reduced_per_mb: list[dict]) -> tuple[dict[str, float], bool]:
         """Sum (sum, count) pairs over micro-batches, DP replicas and stages; one all-reduce also
         carries every rank's "gradients are finite" flag."""
@@ -443,6 +505,25 @@ class MegatronActor:
     def _check_onloaded(self) -> None:
         if self._offloaded:
             raise RuntimeError("actor state is offloaded; call state_onload() first")
+
+
+_SUMMED = ("num_tokens", "num_samples", "num_micro_batches")
+_LAST = ("lr", "iteration")
+
+
+def _combine_mini_batches(results: list[dict[str, float]]) -> dict[str, float]:
+    """Per-mini-batch `train_step` metrics -> one row for the rollout batch (see `train_rl_batch`)."""
+    out: dict[str, Any] = {k: sum(r[k] for r in results) for k in _SUMMED}
+    out.update({k: results[-1][k] for k in _LAST})
+    taken = [r for r in results if not r["skipped"]]
+    out["grad_norm"] = sum(r["grad_norm"] for r in taken) / len(taken) if taken else float("nan")
+    for k in sorted({k for r in results for k in r} - set(out) - {"skipped"}):
+        pairs = [(r[k], r["num_tokens"]) for r in results if k in r and math.isfinite(r[k])]
+        weight = sum(w for _, w in pairs)
+        out[k] = sum(v * w for v, w in pairs) / weight if weight else float("nan")
+    out.update(mini_batches=float(len(results)), skipped_mini_batches=float(len(results) - len(taken)),
+               skipped=not taken)
+    return out
 
 
 def _seed_everything(seed: int) -> None:

@@ -126,6 +126,17 @@ def equalize_micro_batch_counts(per_rank_bins: list[list[list[int]]], lengths: S
     return out
 
 
+def mini_batch_indices(num_samples: int, num_mini_batches: int) -> list[list[int]]:
+    """Contiguous, near-equal mini-batches of a rollout batch (PPO: one optimizer step each). Samples come in
+    group order, so equal shares keep a group together whenever the group count divides evenly. At most
+    one mini-batch per sample."""
+    if num_mini_batches < 1:
+        raise ValueError(f"num_mini_batches must be >= 1, got {num_mini_batches}")
+    k = min(num_mini_batches, num_samples)
+    bounds = [round(i * num_samples / k) for i in range(k + 1)]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """``micro_batches[dp_rank]`` = list of micro-batches, each a list of global sample indices."""

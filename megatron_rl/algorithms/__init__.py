@@ -7,7 +7,7 @@
 - ``mirrorpop``: off-policy sequence masking by mean |log ρ|.
 - ``bdr``: Buffered Dynamic Retry of all-failed prompts.
 """
-from .advantages import (AdvantageConfig, DynamicSampler, DynamicSamplingStats, RewardGroup, afill_batch, batch_advantages,
+from .advantages import (AdvantageConfig, DynamicSampler, DynamicSamplingStats, RewardGroup, batch_advantages,
                          fill_batch, group_advantages, has_reward_variance, validate_rewards)
 from .bdr import BDRConfig, BufferedDynamicRetry, FailedPrompt, pick_failing_sample
 from .kl import KL_ESTIMATORS, kl_estimate
@@ -17,7 +17,7 @@ from .rewards import (InfraVerdictError, PrimeEchoConfig, TurnOutcome, checked_t
                       load_callable, primeecho_reward, resolve_turn_reward)
 
 __all__ = [
-    "AdvantageConfig", "DynamicSampler", "DynamicSamplingStats", "RewardGroup", "afill_batch", "batch_advantages", "fill_batch",
+    "AdvantageConfig", "DynamicSampler", "DynamicSamplingStats", "RewardGroup", "batch_advantages", "fill_batch",
     "group_advantages", "has_reward_variance", "validate_rewards",
     "BDRConfig", "BufferedDynamicRetry", "FailedPrompt", "pick_failing_sample",
     "KL_ESTIMATORS", "kl_estimate",

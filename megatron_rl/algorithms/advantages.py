@@ -6,14 +6,16 @@ the std (it over-weights near-uniform groups). ``std`` is the Bessel-corrected s
 ``torch.std`` computes it (slime and verl use the same); ``unbiased_std=False`` gives the population std.
 
 A group whose rewards are all equal carries no signal (every advantage is 0). Dynamic sampling
-(DAPO) drops such groups and keeps drawing until the batch is full: :func:`fill_batch`.
+(DAPO) drops such groups and keeps drawing until the batch is full: :func:`fill_batch`. Groups are
+offered in the order they were drawn, never in the order they finished: a filter fed by finish time
+would keep fast tasks and starve slow ones (the agent loop decides in submission order).
 Bad input (a missing verdict, NaN/inf reward, wrong group size) raises and names the sample.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, AsyncIterable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 ESTIMATORS = ("grpo", "dr_grpo")
 
@@ -21,15 +23,12 @@ ESTIMATORS = ("grpo", "dr_grpo")
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
     estimator: str = "grpo"          # "grpo" | "dr_grpo" (no std division)
-    group_size: int | None = 8       # enforced when set
     eps: float = 1e-6
     unbiased_std: bool = True
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown advantage estimator {self.estimator!r}; expected one of {ESTIMATORS}")
-        if self.group_size is not None and self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
         if not (self.eps >= 0.0):
             raise ValueError(f"eps must be >= 0, got {self.eps}")
 
@@ -71,9 +70,10 @@ def has_reward_variance(rewards: Sequence[float]) -> bool:
 
 
 def group_advantages(rewards: Sequence[float | None], cfg: AdvantageConfig = AdvantageConfig(),
-                     group_id: str = "?") -> list[float]:
-    """Per-sample advantages of one group (GRPO or Dr.GRPO)."""
-    r = validate_rewards(rewards, group_id, cfg.group_size)
+                     group_id: str = "?", group_size: int | None = None) -> list[float]:
+    """Per-sample advantages of one group (GRPO or Dr.GRPO); ``group_size`` is enforced when given (the
+    rollout's group size is its only owner)."""
+    r = validate_rewards(rewards, group_id, group_size)
     if not has_reward_variance(r):
         return [0.0] * len(r)
     n = len(r)
@@ -88,8 +88,9 @@ def group_advantages(rewards: Sequence[float | None], cfg: AdvantageConfig = Adv
     return [c / (std + cfg.eps) for c in centred]
 
 
-def batch_advantages(groups: Sequence[RewardGroup], cfg: AdvantageConfig = AdvantageConfig()) -> list[list[float]]:
-    return [group_advantages(g.rewards, cfg, g.group_id) for g in groups]
+def batch_advantages(groups: Sequence[RewardGroup], cfg: AdvantageConfig = AdvantageConfig(),
+                     group_size: int | None = None) -> list[list[float]]:
+    return [group_advantages(g.rewards, cfg, g.group_id, group_size) for g in groups]
 
 
 @dataclasses.dataclass
@@ -163,12 +164,3 @@ def fill_batch(groups: Iterable[RewardGroup], num_groups: int, *, group_size: in
             break
     return sampler.result()
 
-
-async def afill_batch(groups: AsyncIterable[RewardGroup], num_groups: int, *, group_size: int | None = None,
-                      max_draws: int | None = None) -> tuple[list[RewardGroup], DynamicSamplingStats]:
-    """:func:`fill_batch` over an async stream (groups arrive as their rollouts finish)."""
-    sampler = DynamicSampler(num_groups, group_size, max_draws)
-    async for g in groups:
-        if sampler.offer(g):
-            break
-    return sampler.result()

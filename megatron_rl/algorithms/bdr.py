@@ -76,7 +76,8 @@ class BufferedDynamicRetry:
         self.cfg = cfg
         self._rng = random.Random(seed)
         self._buffer: collections.OrderedDict[str, FailedPrompt] = collections.OrderedDict()
-        self.counters = {"pushed": 0, "refreshed": 0, "evicted": 0, "replayed": 0, "retired": 0, "draws": 0}
+        self.counters = {"pushed": 0, "refreshed": 0, "evicted": 0, "replayed": 0, "retired": 0, "draws": 0,
+                         "returned": 0}
 
     def __len__(self) -> int:
         return len(self._buffer)
@@ -137,6 +138,19 @@ class BufferedDynamicRetry:
         _, entry = self._buffer.popitem(last=False)
         self.counters["replayed"] += 1
         return dataclasses.replace(entry, attempts=entry.attempts + 1)
+
+    def restore(self, entry: FailedPrompt) -> None:
+        """Give back a replayed entry whose repair group was never used (cancelled, or not needed once the
+        batch was full): it goes back to the front, its replay not counted. A newer failure of the same task
+        buffered in the meantime wins; in a full buffer it is the oldest entry, so FIFO evicts it."""
+        self.counters["returned"] += 1
+        if entry.task_id in self._buffer:
+            return
+        if len(self._buffer) >= self.cfg.capacity:
+            self.counters["evicted"] += 1
+            return
+        self._buffer[entry.task_id] = dataclasses.replace(entry, attempts=max(entry.attempts - 1, 0))
+        self._buffer.move_to_end(entry.task_id, last=False)
 
     def draw(self, num_slots: int) -> list[FailedPrompt]:
         """For each of ``num_slots`` prompt slots of a batch, a replay with probability p."""

@@ -107,6 +107,19 @@ class PolicyLoss:
             names.append(cfg.ref_logprobs_field)
         return tuple(dict.fromkeys(names))
 
+    @property
+    def computed_fields(self) -> dict[str, str]:
+        """The required fields the train ranks fill in themselves, and from which weights: ``"policy"`` (π_old,
+        the weights before this batch's first optimizer step) or ``"reference"`` (π_ref, the initial policy).
+        The rollout supplies the rest (advantages, rollout logprobs)."""
+        cfg = self.cfg
+        out = {}
+        if cfg.old_logprobs_field != cfg.rollout_logprobs_field:
+            out[cfg.old_logprobs_field] = "policy"
+        if cfg.kl_loss_coef > 0:
+            out[cfg.ref_logprobs_field] = "reference"
+        return out
+
     def _field(self, ctx, name: str, n: int) -> torch.Tensor:
         fields = ctx.fields or {}
         if name not in fields:

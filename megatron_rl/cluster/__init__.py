@@ -1,22 +1,26 @@
 """Ray orchestration: the placement group, the train group and the rollout manager, as one handle.
 
 `Cluster` starts the roles of a run and speaks for them to the driver loop:
-* `rollout(step)`: generate and verify one step of groups (around it, the colocated placement
-  resumes/releases the engines' KV cache and offloads the actor);
-* `train`: the `TrainGroup` (logprobs, train step, checkpoints, reference snapshot);
-* `sync_weights(version)`: actor -> engines (the colocated transport when they share GPUs, the
-  distributed one, gloo or NCCL, for the disaggregated placement);
-* `rollout_async(step)`: the one-step-off-policy overlap (disaggregated placement only).
+* `start(resume)`: initial weights (and π_ref), or the checkpoint plus the rollout state, then the first
+  weight sync;
+* `rollout(step)`: one step's `RolloutResult` (its samples by reference, small metrics). Around it the
+  colocated placement resumes/releases the engines' memory and offloads the actor; with
+  ``cluster.async_rollout`` the next step's rollout is already running while this step trains;
+* `train`: the `TrainGroup` (logprobs its loss needs, PPO mini-batches, checkpoints);
+* `save(iteration, history)` and `sync_weights(version)` (actor -> engines: the colocated transport when
+  they share GPUs, the distributed one, gloo or NCCL, for the disaggregated placement).
 
-With ``cluster.backend=local`` (or when Ray cannot be imported) the same roles run in-process with
-one train rank; that is how the GPU benchmark machine, which has no Ray, runs a full RL step.
+Only object references and small dicts pass through here. With ``cluster.backend=local`` (or when Ray
+cannot be imported) the same roles run in-process with one train rank; that is how the GPU benchmark
+machine, which has no Ray, runs a full RL step.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import logging
 import os
-from typing import Any
+
+from .handles import local_handle, resolve
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ class Cluster:
         from .train_group import TrainGroup
 
         self.cfg = cfg
+        self.model_dir = model_dir
         c = cfg.cluster
         self.use_gpu = torch.cuda.is_available() if c.use_gpu is None else bool(c.use_gpu)
         if self.use_gpu and not torch.cuda.is_available():
@@ -49,6 +54,7 @@ class Cluster:
             transport="colocated" if self.colocated else "distributed",  # gloo on CPU, NCCL on GPU
             bucket_bytes=cfg.rollout.sync_bucket_mb << 20, sglang_native=cfg.rollout.engine == "sglang")
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-async")
+        self._pending: tuple[int, concurrent.futures.Future] | None = None
         self.placement = None
         world = c.actor_world_size
         if self.ray_mode:
@@ -74,61 +80,66 @@ class Cluster:
                 cfg, model_dir, tokenizer_path, str(cfg.run_dir), use_gpu=self.use_gpu, engine_gpus=engine_gpus,
                 ray_mode=True)
         else:
-            self.rollout_mgr = RolloutManager(cfg, model_dir, tokenizer_path, str(cfg.run_dir),
-                                              use_gpu=self.use_gpu, engine_gpus=[0] if self.use_gpu else [],
-                                              ray_mode=False)
+            self.rollout_mgr = local_handle(RolloutManager(
+                cfg, model_dir, tokenizer_path, str(cfg.run_dir), use_gpu=self.use_gpu,
+                engine_gpus=[0] if self.use_gpu else [], ray_mode=False))
         self.train = TrainGroup(cfg, model_dir, placement=self.placement, use_gpu=self.use_gpu,
                                 ray_mode=self.ray_mode)
 
-    # ---- calls into the rollout manager (Ray actor or local object)
-    def _mgr(self, method: str, *args):
-        fn = getattr(self.rollout_mgr, method)
-        if self.ray_mode:
-            import ray
+    def start(self, resume: bool) -> tuple[int, dict]:
+        """(first step, run history): the weights (see `TrainWorker.init_weights`), on resume the rollout
+        state too, then the first weight sync."""
+        extra = self.train.init_weights(str(self.cfg.ckpt_root) if resume else None,
+                                        with_reference=self.cfg.loss.kl_loss_coef > 0)
+        start, history = 0, {"reward": []}
+        if resume:
+            start, history = int(extra["step"]), extra.get("history", history)
+            resolve(self.rollout_mgr.load_state_dict.remote(extra["rollout"]))
+            if extra.get("initial_model") not in (None, self.model_dir):
+                log.warning("resuming with model %s, the run started from %s: the KL reference is the former",
+                            self.model_dir, extra["initial_model"])
+        self.sync_weights(start)
+        return start, history
 
-            return ray.get(fn.remote(*args))
-        return fn(*args)
-
+    # ---- one step
     def rollout(self, step: int):
-        if self.colocated:
-            self.train.offload()
-            self._mgr("resume_memory", ["kv_cache"])
-        out = self._mgr("generate", step)
-        if self.colocated:
-            self._mgr("release_memory", ["kv_cache", "weights"])
-            self.train.onload()
+        """This step's `RolloutResult`. With async rollouts it was started during the previous step's training
+        (one step off-policy), and the next one starts now."""
+        if not self.cfg.cluster.async_rollout:
+            if self.colocated:
+                self.train.offload()
+                resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
+            out = resolve(self.rollout_mgr.generate.remote(step))
+            if self.colocated:
+                resolve(self.rollout_mgr.release_memory.remote(["kv_cache", "weights"]))
+                self.train.onload()
+            return out
+        out = (self._pending[1] if self._pending and self._pending[0] == step else self._submit(step)).result()
+        self._pending = (step + 1, self._submit(step + 1)) if step + 1 < self.cfg.train.steps else None
         return out
 
-    def rollout_async(self, step: int) -> concurrent.futures.Future:
-        """Start generating `step` while the caller trains (disaggregated placement only)."""
-        if self.colocated:
-            raise RuntimeError("async rollout needs the disaggregated placement")
-        if self.ray_mode:
-            ref = self.rollout_mgr.generate.remote(step)
-            return self._pool.submit(_ray_get, ref)
-        return self._pool.submit(self.rollout_mgr.generate, step)
+    def _submit(self, step: int) -> concurrent.futures.Future:
+        return self._pool.submit(lambda: resolve(self.rollout_mgr.generate.remote(step)))
 
-    def rollout_state(self) -> dict:
-        return self._mgr("state_dict")
-
-    def load_rollout_state(self, st: dict) -> None:
-        self._mgr("load_state_dict", st)
+    def save(self, iteration: int, history: dict) -> str:
+        extra = {"step": iteration, "rollout": resolve(self.rollout_mgr.state_dict.remote()), "history": history,
+                 "initial_model": self.model_dir}
+        return self.train.save(str(self.cfg.ckpt_root), iteration, extra)
 
     def sync_weights(self, version: int) -> dict:
+        if self._pending is not None:
+            # one step off-policy: the rollout in flight finishes on the old weights before they change
+            self._pending[1].result()
         if self.colocated:
-            self._mgr("resume_memory", ["weights"])
-        endpoints = self._mgr("engine_endpoints")
-        report = self.train.sync_weights(endpoints, version, self.sync_cfg, self.rollout_mgr)
-        return report
+            resolve(self.rollout_mgr.resume_memory.remote(["weights"]))
+        endpoints = resolve(self.rollout_mgr.engine_endpoints.remote())
+        return self.train.sync_weights(endpoints, version, self.sync_cfg, self.rollout_mgr)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.train.shutdown()
         try:
-            self.train.shutdown()
-        except Exception as e:  # noqa: BLE001
-            log.warning("train group shutdown: %s", e)
-        try:
-            self._mgr("shutdown")
+            resolve(self.rollout_mgr.shutdown.remote())
         except Exception as e:  # noqa: BLE001
             log.warning("rollout manager shutdown: %s", e)
         if self.ray_mode:
@@ -136,12 +147,6 @@ class Cluster:
 
             if ray.is_initialized() and self.cfg.cluster.ray_address is None:
                 ray.shutdown()
-
-
-def _ray_get(ref) -> Any:
-    import ray
-
-    return ray.get(ref)
 
 
 def _repo_root():

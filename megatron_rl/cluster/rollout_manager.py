@@ -1,10 +1,13 @@
-"""The rollout side: engines, the verifier farm, the agent loop, the data stream and BDR.
+"""The rollout side: engines, the environment (tasks, verifier), the agent loop, the data stream and BDR.
 
 `RolloutManager` owns every long-lived rollout resource. It launches the engines (the embedded HF
 engine as server processes, or real SGLang servers as Ray actors), runs the multi-turn agent loop
-against them with rewards from the verifier farm, replays all-failed prompts through Buffered Dynamic
-Retry, and hands back scored groups. It runs as a Ray actor in the job, or in-process without Ray.
-Its data position and BDR buffer are part of every checkpoint.
+against them with the environment's prompts and verdicts, replays all-failed prompts through
+Buffered Dynamic Retry, and turns each step's batch into training samples (GRPO advantages on the
+rollout side). It hands back a `RolloutResult`: a reference to those samples plus small metrics, so
+per-token data goes from here straight to the train ranks, never through the driver. It writes the
+step's trajectories to ``samples/`` itself for the same reason. It runs as a Ray actor in the job,
+or in-process without Ray. Its data position and BDR buffer are part of every checkpoint.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import random
 import time
 from pathlib import Path
@@ -21,9 +25,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class RolloutOutput:
-    groups: list            # scored GroupResults (status ok), the training batch
-    stats: dict[str, Any]   # dynamic sampling, unscored groups, BDR, farm
+class RolloutResult:
+    """One step's rollout as the driver sees it: the samples stay by reference."""
+
+    samples: Any                 # ObjectRef of list[TrainSample] with Ray, the list itself without; None: none
+    metrics: dict[str, float]    # reward, pass rate, dynamic sampling, tokens, BDR, ... (scalars only)
+
+    @property
+    def empty(self) -> bool:
+        return self.samples is None
 
 
 class TaskStream:
@@ -57,7 +67,8 @@ class TaskStream:
         return task
 
     def requeue(self, task_id: str) -> None:
-        if task_id in self._by_id and task_id not in self.requeued:
+        """Put a drawn task back (in front of the epoch order): every draw that was not used comes back."""
+        if task_id in self._by_id:
             self.requeued.append(task_id)
 
     def state_dict(self) -> dict:
@@ -69,12 +80,48 @@ class TaskStream:
         self._order = self._shuffle(self.epoch)
 
 
+class PromptSource:
+    """Where a step's requests come from: BDR repair prompts at the replay probability, else the task
+    stream. Whatever a step drew and did not use goes back: tasks to the front of the stream, BDR
+    entries to the front of the buffer (nothing is lost to a cancelled group)."""
+
+    def __init__(self, env, agent, stream: TaskStream, bdr):
+        self.env, self.agent, self.stream, self.bdr = env, agent, stream, bdr
+        self._by_id = {t.task_id: t for t in stream.tasks}
+
+    def requests(self, step: int, max_turns: int) -> Iterator:
+        from megatron_rl.rollout.agent import RolloutRequest
+
+        for k in itertools.count():
+            entry = self.bdr.maybe_replay()
+            if entry is not None:
+                task = self._by_id.get(entry.task_id)
+                req = self.agent.repair_request(entry, task, group_id=f"s{step}/repair{k}/{entry.task_id}") \
+                    if task is not None else None
+                if req is not None:
+                    req.max_turns = max_turns
+                    yield req
+                    continue
+            task = self.stream.next()
+            yield RolloutRequest(task=task, group_id=f"s{step}/g{k}/{task.task_id}", max_turns=max_turns)
+
+    def give_back(self, requests) -> None:
+        for req in requests:
+            entry = req.meta.get("bdr_entry")
+            if entry is not None:
+                self.bdr.restore(entry)
+            else:
+                self.stream.requeue(req.task.task_id)
+
+
 class RolloutManager:
     def __init__(self, cfg, model_dir: str, tokenizer_path: str, run_dir: str, *, use_gpu: bool,
                  engine_gpus: list[int] | None = None, ray_mode: bool = False):
         from megatron_rl.algorithms import BufferedDynamicRetry
+        from megatron_rl.observability import RunLogger
         from megatron_rl.rollout.agent import AgentLoop
         from megatron_rl.rollout.engine import BackgroundLoop
+        from megatron_rl.rollout.environment import environment_class
         from megatron_rl.tokenizer import load_tokenizer
 
         self.cfg = cfg
@@ -82,10 +129,9 @@ class RolloutManager:
         self.run_dir = Path(run_dir)
         self.use_gpu = use_gpu
         self.ray_mode = ray_mode
-        self.toy = cfg.data.tasks == "toy"
         self.tokenizer = load_tokenizer(tokenizer_path)
-        self.tasks = self._load_tasks()
-        self.stream = TaskStream(self.tasks, cfg.data.shuffle_seed)
+        self.env = environment_class(cfg.data.environment).from_config(cfg, use_gpu=use_gpu)
+        self.stream = TaskStream(self.env.tasks(), cfg.data.shuffle_seed)
         self.bdr = BufferedDynamicRetry(cfg.bdr, seed=cfg.seed)
         self.loop = BackgroundLoop("rollout")
         self._servers: dict[str, Any] = {}
@@ -94,32 +140,12 @@ class RolloutManager:
         generate = self.engines.generate
         if cfg.rollout.use_router and cfg.rollout.engine == "sglang":
             generate = self._start_router()
-        self.farm = None
-        verify = self._make_verify()
-        self.agent = AgentLoop(self.tokenizer, generate, verify, cfg.agent)
+        self.agent = AgentLoop(self.tokenizer, generate, self.env, cfg.agent)
+        self.source = PromptSource(self.env, self.agent, self.stream, self.bdr)
+        # only its per-step trajectory dump is used here: the driver logs the metrics
+        self.samples_log = RunLogger(self.run_dir, tensorboard=False, dump_samples=cfg.train.dump_samples)
 
     # ---- setup
-    def _load_tasks(self) -> list:
-        if self.toy:
-            from megatron_rl.toy import toy_tasks
-
-            return toy_tasks()
-        from verifier.tasks import load_task_set
-
-        from megatron_rl.config import REPO_ROOT
-
-        path = Path(self.cfg.data.tasks)
-        tasks = load_task_set(str(path if path.is_absolute() else REPO_ROOT / path))
-        if self.cfg.data.levels:
-            tasks = [t for t in tasks if t.level in set(self.cfg.data.levels)]
-        if not tasks:
-            raise ValueError(f"no tasks in {self.cfg.data.tasks} (levels={self.cfg.data.levels})")
-        if self.cfg.farm.size_profile:
-            from verifier.size_profiles import apply_size_profile
-
-            tasks = [apply_size_profile(t, self.cfg.farm.size_profile) for t in tasks]
-        return tasks
-
     def _start_router(self):
         """SGLang router in front of the engines: generation goes through it (cache-aware routing);
         control calls (pause, flush, weight updates) still go to every engine directly."""
@@ -138,31 +164,6 @@ class RolloutManager:
 
         self.loop.run(register())
         return EngineManager([HttpEngine(url, name="router")]).generate
-
-    def _make_verify(self):
-        if self.toy:
-            from megatron_rl.toy import toy_verdict
-
-            async def verify(task, text):
-                return toy_verdict(task, text)
-
-            return verify
-        from verifier.farm import FarmConfig, VerifierFarm
-
-        from megatron_rl.rollout.agent import farm_verify_fn
-
-        f = self.cfg.farm
-        layout = FarmConfig(
-            compile_workers=f.compile_workers, device_workers=f.device_workers,
-            workers_per_device=f.workers_per_device, cpu_device_workers=f.cpu_device_workers,
-            max_in_flight=f.max_in_flight, max_retries=f.max_retries, result_cache_path=f.result_cache_path)
-        if f.backend == "ray":  # compile and device workers as Ray actors (e.g. on dedicated verifier nodes)
-            from verifier.ray_farm import RayVerifierFarm
-
-            self.farm = RayVerifierFarm(self.cfg.verifier, layout)
-        else:
-            self.farm = VerifierFarm(self.cfg.verifier, layout)
-        return farm_verify_fn(self.farm)
 
     def _launch_engines(self, gpus: list[int]):
         from megatron_rl.rollout.engine import EngineManager, HttpEngine
@@ -228,52 +229,45 @@ class RolloutManager:
         self.loop.run(self.engines.resume_memory(tags))
 
     # ---- one step of rollouts
-    def _requests(self, step: int) -> Iterator:
-        """Task prompts, with BDR repair prompts mixed in at the replay probability."""
-        k = 0
-        while True:
-            entry = self.bdr.maybe_replay()
-            if entry is not None and not self.toy:
-                task = next((t for t in self.tasks if t.task_id == entry.task_id), None)
-                if task is not None:
-                    yield self.agent.repair_request(entry, task, group_id=f"s{step}/repair{k}/{entry.task_id}")
-                    k += 1
-                    continue
-            task = self.stream.next()
-            gid = f"s{step}/g{k}/{task.task_id}"
-            k += 1
-            if self.toy:
-                from megatron_rl.rollout.agent import RolloutRequest
+    def generate(self, step: int) -> RolloutResult:
+        """Draw, generate and verify one step's groups, then return its training samples by reference."""
+        from megatron_rl.rl_batch import build_train_batch, rollout_metrics
 
-                yield RolloutRequest(task=task, group_id=gid, messages=task.messages())
-            else:
-                yield self.agent.task_request(task, group_id=gid)
-
-    def generate(self, step: int) -> RolloutOutput:
         t0 = time.perf_counter()
         cfg = self.cfg
-        want = cfg.data.prompts_per_step
-        cap = want * (1 + cfg.train.max_oversample_rounds) if cfg.train.dynamic_sampling else want
-        requests = itertools.islice(self._requests(step), cap)
+        max_turns = cfg.agent.max_turns_at(step)
 
         def on_group(group):
-            if not any(t.passed for t in group.trajectories) and not self.toy:
+            if not any(t.passed for t in group.trajectories):
                 self.agent.record_failed_group(self.bdr, group, step=step)
 
-        async def run():
-            return await self.agent.rollout_batch(requests, want, dynamic_sampling=cfg.train.dynamic_sampling,
-                                                  on_group=on_group)
-
         self.ensure_engines()
-        groups, stats = self.loop.run(run())
-        # Tasks whose group could not be scored (infra, aborted) go back to the front of the queue.
-        for gid in stats.get("unscored_task_ids", []):
-            self.stream.requeue(gid)
-        stats = dict(stats, seconds=time.perf_counter() - t0, bdr_size=len(self.bdr),
-                     agent=dict(self.agent.stats))
-        if self.farm is not None:
-            stats["farm"] = self.farm.stats()
-        return RolloutOutput(groups=groups, stats=stats)
+        out = self.loop.run(self.agent.rollout_batch(self.source.requests(step, max_turns), cfg.data.prompts_per_step,
+                                                     on_group=on_group))
+        # requests the batch did not use, and groups that could not be scored, go back where they came from
+        self.source.give_back(out.unused + [g.request for g in out.unscored])
+        metrics = {f"rollout/{k}": float(v) for k, v in out.stats.items() if _scalar(v)}
+        metrics.update({"rollout/groups_unscored": float(sum(out.stats["groups_unscored"].values())),
+                        "turns/max": float(max_turns), "bdr/size": float(len(self.bdr)),
+                        "bdr/returned": float(self.bdr.counters["returned"])})
+        metrics.update({f"env/{k}": float(v) for k, v in self.env.stats().items() if _scalar(v)})
+        if not out.groups:
+            log.warning("step %d: no scored groups (%s)", step, out.stats["groups_unscored"])
+            return RolloutResult(samples=None, metrics=metrics)
+        samples, trajectories = build_train_batch(out.groups, cfg.advantage, cfg.agent.group_size)
+        self.samples_log.dump_samples(step, trajectories)
+        metrics.update(rollout_metrics(trajectories))
+        metrics.update({"rollout/samples": float(len(samples)), "rollout/tokens": float(sum(map(len, samples))),
+                        "rollout/seconds": time.perf_counter() - t0})
+        return RolloutResult(samples=self._share(samples), metrics=metrics)
+
+    def _share(self, samples: list):
+        """With Ray, the samples go into the object store owned by this actor; the train ranks fetch them."""
+        if not self.ray_mode:
+            return samples
+        import ray
+
+        return ray.put(samples)
 
     # ---- checkpointed state
     def state_dict(self) -> dict:
@@ -292,7 +286,10 @@ class RolloutManager:
             self.router.stop()
         for server in self._servers.values():
             server.stop()
-        if self.farm is not None:
-            self.farm.close(drain=False)
+        self.env.close()
+        self.samples_log.close()
         self.loop.close()
 
+
+def _scalar(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -4,17 +4,25 @@
 in the placement group's bundles (rank 0 picks the rendezvous address), or in-process when the world
 size is 1 and Ray is unavailable (the GPU benchmark machine has no Ray). Every collective call goes
 to all ranks at once and returns rank 0's answer.
+
+A step's samples reach every rank as one object reference (Ray resolves it on each rank); the ranks
+compute the old and reference logprobs their loss declares, train, and return metrics. Nothing
+per-token comes back.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
-import torch
+from .handles import call_all, local_handle, resolve
+
+log = logging.getLogger(__name__)
 
 
 class TrainWorker:
-    """One training rank: parallel init, the actor, reference snapshot, checkpoints, weight sync."""
+    """One training rank: parallel init, the actor, checkpoints, weight sync."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg, model_dir: str,
                  local_rank: int = 0):
@@ -26,61 +34,33 @@ class TrainWorker:
         from megatron_rl.parallel import init_parallel
 
         self.rank = rank
-        self.cfg = cfg
         a = cfg.actor
         init_parallel(a.tp, a.pp, vpp=a.vpp, seed=cfg.seed)
-        self.hf_config = AutoConfig.from_pretrained(model_dir)
-        self.actor = MegatronActor(a, self.hf_config)
+        self.actor = MegatronActor(a, AutoConfig.from_pretrained(model_dir))
         self.model_dir = model_dir
-        self._ref: list[torch.Tensor] | None = None
         self._sync = None
 
     # ---- weights and checkpoints
-    def load_hf(self) -> None:
-        self.actor.load_hf(self.model_dir)
+    def init_weights(self, ckpt_root: str | None, with_reference: bool) -> dict:
+        """The run's weights: the initial model, a copy of it as π_ref when the loss has a KL term, then (to
+        resume) the checkpoint. π_ref stays the initial policy after a resume. Returns the checkpoint's extra."""
+        if ckpt_root is None or with_reference:
+            self.actor.load_hf(self.model_dir)
+        if with_reference:
+            self.actor.snapshot_reference()
+        return self.actor.load(ckpt_root) if ckpt_root is not None else {}
 
     def save(self, ckpt_root: str, iteration: int, extra: dict) -> str:
         return self.actor.save(ckpt_root, iteration, extra)
 
-    def load(self, ckpt_root: str, iteration: int | None = None) -> dict:
-        return self.actor.load(ckpt_root, iteration)
-
-    def snapshot_ref(self) -> None:
-        """Keep this rank's shards of the current weights on the CPU as the KL reference policy."""
-        self._ref = [p.detach().to("cpu", copy=True) for p in self._params()]
-
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for chunk in self.actor.model for p in chunk.parameters()]
-
     # ---- compute
-    def compute_logprobs(self, samples, with_entropy: bool = False, trained_only: bool = False
-                         ) -> list[list[float]] | None:
-        out = self.actor.compute_logprobs(samples, with_entropy=with_entropy, trained_only=trained_only)
-        if self.rank != 0:
-            return None
-        lps = out[0] if isinstance(out, tuple) else out
-        return [t.tolist() for t in lps]
-
-    def compute_ref_logprobs(self, samples, trained_only: bool = False) -> list[list[float]] | None:
-        """Logprobs under the reference snapshot: swap it in, compute, swap the policy back."""
-        if self._ref is None:
-            raise RuntimeError("no reference snapshot: call snapshot_ref() first")
-        params = self._params()
-        current = [p.detach().to("cpu", copy=True) for p in params]
-        with torch.no_grad():
-            for p, r in zip(params, self._ref):
-                p.copy_(r.to(p.device))
-        try:
-            return self.compute_logprobs(samples, trained_only=trained_only)
-        finally:
-            with torch.no_grad():
-                for p, c in zip(params, current):
-                    p.copy_(c.to(p.device))
-
-    def train_step(self, samples, loss_cfg) -> dict[str, float]:
+    def train(self, samples, loss_cfg) -> dict[str, float] | None:
+        """One rollout batch (samples arrive resolved from their object reference): π_old / π_ref on these
+        ranks, then the PPO mini-batches. Rank 0 answers."""
         from megatron_rl.algorithms import PolicyLoss
 
-        return self.actor.train_step(samples, PolicyLoss(loss_cfg))
+        metrics = self.actor.train_rl_batch(samples, PolicyLoss(loss_cfg))
+        return metrics if self.rank == 0 else None
 
     def offload(self) -> None:
         self.actor.state_offload()
@@ -122,19 +102,14 @@ class _Relauncher:
     async def relaunch(self) -> str:
         if self.relauncher is None:
             raise RuntimeError(f"engine {self.name} died and no relauncher was given")
-        method = self.relauncher.relaunch_engine
-        if hasattr(method, "remote"):  # a Ray actor handle: ObjectRefs are awaitable
-            return await method.remote(self.name)
-        import asyncio
-
-        return await asyncio.to_thread(method, self.name)
+        # off this event loop: it carries the weight sync's own requests
+        return await asyncio.to_thread(lambda: resolve(self.relauncher.relaunch_engine.remote(self.name)))
 
 
 class TrainGroup:
     """All training ranks; each method runs on every rank and returns rank 0's result."""
 
     def __init__(self, cfg, model_dir: str, *, placement=None, use_gpu: bool, ray_mode: bool):
-        self.cfg = cfg
         world = cfg.cluster.actor_world_size
         self.ray_mode = ray_mode
         if not ray_mode:
@@ -142,7 +117,7 @@ class TrainGroup:
                 raise RuntimeError("without Ray the trainer runs one rank in-process: set cluster.actor_world_size=1")
             from megatron_rl.parallel import free_port
 
-            self.workers = [TrainWorker(0, 1, "127.0.0.1", free_port(), cfg, model_dir)]
+            self.workers = [local_handle(TrainWorker(0, 1, "127.0.0.1", free_port(), cfg, model_dir))]
             return
         import ray
 
@@ -160,58 +135,32 @@ class TrainGroup:
             opts["runtime_env"] = {"env_vars": env}
             local_rank = placement.gpu_ids[rank] if use_gpu else 0
             self.workers.append(cls.options(**opts).remote(rank, world, addr, port, cfg, model_dir, local_rank))
-        ray.get([w.ping.remote() for w in self.workers])
+        call_all([w.ping.remote() for w in self.workers])
 
-    def _all(self, method: str, *args, **kwargs) -> Any:
-        if not self.ray_mode:
-            return getattr(self.workers[0], method)(*args, **kwargs)
-        import ray
-
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        return ray.get(refs)[0]
-
-    def load_hf(self):
-        return self._all("load_hf")
+    def init_weights(self, ckpt_root: str | None, with_reference: bool) -> dict:
+        return call_all([w.init_weights.remote(ckpt_root, with_reference) for w in self.workers])
 
     def save(self, root: str, iteration: int, extra: dict) -> str:
-        return self._all("save", root, iteration, extra)
+        return call_all([w.save.remote(root, iteration, extra) for w in self.workers])
 
-    def load(self, root: str, iteration: int | None = None) -> dict:
-        return self._all("load", root, iteration)
+    def train(self, samples, loss_cfg) -> dict[str, float]:
+        """``samples``: the rollout's object reference (a list without Ray)."""
+        return call_all([w.train.remote(samples, loss_cfg) for w in self.workers])
 
-    def snapshot_ref(self):
-        return self._all("snapshot_ref")
+    def offload(self) -> None:
+        call_all([w.offload.remote() for w in self.workers])
 
-    def compute_logprobs(self, samples, trained_only: bool = False) -> list[list[float]]:
-        return self._all("compute_logprobs", self._share(samples), trained_only=trained_only)
-
-    def compute_ref_logprobs(self, samples, trained_only: bool = False) -> list[list[float]]:
-        return self._all("compute_ref_logprobs", self._share(samples), trained_only=trained_only)
-
-    def train_step(self, samples, loss_cfg) -> dict[str, float]:
-        return self._all("train_step", self._share(samples), loss_cfg)
-
-    def offload(self):
-        return self._all("offload")
-
-    def onload(self):
-        return self._all("onload")
+    def onload(self) -> None:
+        call_all([w.onload.remote() for w in self.workers])
 
     def sync_weights(self, engines, version: int, sync_cfg, relauncher=None) -> dict:
-        return self._all("sync_weights", engines, version, sync_cfg, relauncher)
-
-    def _share(self, samples):
-        if not self.ray_mode:
-            return samples
-        import ray
-
-        return ray.put(list(samples))
+        return call_all([w.sync_weights.remote(engines, version, sync_cfg, relauncher) for w in self.workers])
 
     def shutdown(self) -> None:
         try:
-            self._all("shutdown")
-        except Exception:
-            pass
+            call_all([w.shutdown.remote() for w in self.workers])
+        except Exception as e:  # noqa: BLE001 - a rank that already died
+            log.warning("train group shutdown: %s", e)
 
 
 def _rendezvous_impl() -> tuple[str, int]:
@@ -233,3 +182,6 @@ def _rendezvous_fn():
 
         _RENDEZVOUS = ray.remote(num_cpus=0)(_rendezvous_impl)
     return _RENDEZVOUS
+
+
+__all__ = ["TrainGroup", "TrainWorker"]

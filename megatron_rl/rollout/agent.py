@@ -1,48 +1,52 @@
 """The multi-turn agent loop: generate -> verify -> (feedback -> generate again), up to K turns.
 
-One trajectory: the task prompt goes through the tokenizer's chat template; the engine generates a
-response (token ids + rollout logprobs); the verifier judges the decoded text; on a failure the
-verifier's feedback is appended as a new user turn and the model answers again on the full context.
-It stops at the first passing turn or after ``max_turns`` (MusaCoder: 3). The trajectory reward is
-PrimeEcho over the per-turn scores.
+One trajectory: the environment's first-turn messages go through the tokenizer's chat template; the
+engine generates a response (token ids + rollout logprobs); the environment judges the decoded text;
+on a failure its feedback is appended as a user message and the model answers the whole conversation
+again. It stops at the first passing turn or after the request's ``max_turns`` (MusaCoder: 3, after a
+single-turn warmup, see `AgentConfig.max_turns_at`). The trajectory reward is PrimeEcho over the
+per-turn scores.
 
-Token accounting is exact: the context is a list of token ids that only grows. Generated tokens are
-appended as the engine returned them (never re-tokenized from text); each feedback turn is newly
-tokenized text (the chat template's rendering of "end of assistant turn, user feedback, start of
-assistant turn") appended between responses. The trained tokens are therefore exactly the tokens
-the engine sampled, aligned with their rollout logprobs.
+Every turn's prompt is the chat template's rendering of the conversation so far, as a chat server
+would build it: earlier answers enter as messages, so a template that drops their reasoning (Qwen3
+strips ``<think>`` blocks from past turns) keeps the context short. A turn is trained on exactly the
+tokens its prompt and its response were (the generated ids, never re-tokenized), aligned with their
+rollout logprobs. Each turn's budget is what is left of ``max_context_tokens`` after its prompt; a turn
+given less than ``sampling.max_new_tokens`` is marked ``cut``, and a trajectory that stops because no
+room is left is marked ``context_exhausted`` (both are logged per step).
 
-Generation and verification are injected async callables, so this module knows neither the engine
-client nor the farm's internals:
-    ``generate(input_ids, SamplingParams) -> GenerateResult``
-    ``verify(task, response_text) -> VerifyResult``
-:func:`farm_verify_fn` adapts a ``verifier.farm.VerifierFarm``; :func:`threaded_verify_fn` any
-blocking ``verify(task, response)``. Many trajectories run concurrently (bounded by a semaphore),
-so verifier calls overlap other trajectories' generation.
+Generation is an injected async callable and everything task-specific comes from an `Environment`
+(prompt, verify, score, feedback), so this module knows neither the engine client nor the farm.
+Many trajectories run concurrently (bounded by a semaphore), so verifier calls overlap other
+trajectories' generation.
 
 ``infra`` verdicts are retried; if they persist the trajectory is re-run, and a group that still
 cannot be verified is returned with ``status="infra"`` and no rewards: it is never scored.
+
+Dynamic sampling (`AgentLoop.rollout_batch`) decides in submission order, so which groups make the
+batch does not depend on how long they took: slow tasks (long compiles, long answers, more turns) are
+kept as often as fast ones.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import math
 import time
 import zlib
-from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 
-from verifier.types import Category, RewardParams, VerifyResult
+from verifier.types import Category, VerifyResult
 
-from ..algorithms.advantages import AdvantageConfig, DynamicSampler, RewardGroup, group_advantages
+from ..algorithms.advantages import AdvantageConfig, DynamicSampler, RewardGroup, group_advantages, \
+    has_reward_variance
 from ..algorithms.rewards import (InfraVerdictError, PrimeEchoConfig, TurnOutcome, checked_turn_score,
-                                  primeecho_reward, resolve_turn_reward)
-from .prompts import DEFAULT_SYSTEM_PROMPT, candidate_code, feedback_text, initial_messages, repair_messages
+                                  load_callable, primeecho_reward)
+from .environment import Environment, farm_verify_fn, threaded_verify_fn  # noqa: F401 (the verifier adapters' old home)
+from .prompts import DEFAULT_SYSTEM_PROMPT, candidate_code
 from .protocol import GenerateResult, SamplingParams
 
 GenerateFn = Callable[[list[int], SamplingParams], Awaitable[GenerateResult]]
-VerifyFn = Callable[[Any, str], Awaitable[VerifyResult]]
 
 
 class GenerationAborted(RuntimeError):
@@ -54,43 +58,13 @@ class PromptTooLong(ValueError):
 
 
 # --------------------------------------------------------------------------------------------------
-# verifier adapters
-
-
-def farm_verify_fn(farm) -> VerifyFn:
-    """Adapt ``VerifierFarm.submit(task, response) -> Future[VerifyResult]`` to an async verify fn.
-
-    ``submit`` may block for backpressure, so it is called in a worker thread; the returned
-    ``concurrent.futures.Future`` is awaited with ``asyncio.wrap_future``.
-    """
-
-    async def verify(task, response: str) -> VerifyResult:
-        future = await asyncio.to_thread(farm.submit, task, response)
-        return await asyncio.wrap_future(future)
-
-    return verify
-
-
-def threaded_verify_fn(fn: Callable[[Any, str], VerifyResult], max_workers: int = 4) -> VerifyFn:
-    """Adapt a blocking ``fn(task, response) -> VerifyResult`` (e.g. ``verifier.evaluate.verify`` with a
-    bound config) by running it on a private thread pool."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="verify")
-
-    async def verify(task, response: str) -> VerifyResult:
-        return await asyncio.wrap_future(pool.submit(fn, task, response))
-
-    verify.executor = pool  # type: ignore[attr-defined]  # so callers can shut it down
-    return verify
-
-
-# --------------------------------------------------------------------------------------------------
 # records
 
 
 @dataclasses.dataclass
 class TurnRecord:
     turn: int                        # 1-based
-    prompt_ids: list[int]            # tokens appended before this response (turn 1: the whole prompt)
+    prompt_ids: list[int]            # the whole context the engine answered: the template's rendering so far
     response_ids: list[int]          # exactly what the engine generated
     rollout_logprobs: list[float]    # one per response token
     finish_reason: str
@@ -99,6 +73,8 @@ class TurnRecord:
     verdict: VerifyResult
     score: float                     # s_k
     trained: bool = False            # whether the policy-gradient loss covers this response
+    max_new_tokens: int = 0          # this turn's budget
+    cut: bool = False                # the context limit left it less than sampling.max_new_tokens
     verify_attempts: int = 1         # > 1 when infra verdicts were retried
     generate_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -112,6 +88,7 @@ class Trajectory:
     turns: list[TurnRecord]
     reward: float                    # PrimeEcho over the turn scores
     kind: str = "task"               # "task" | "repair" (a BDR replay)
+    context_exhausted: bool = False  # a failed turn got no successor: no room left in max_context_tokens
 
     @property
     def passed(self) -> bool:
@@ -125,32 +102,12 @@ class Trajectory:
     def num_turns(self) -> int:
         return len(self.turns)
 
-    def tokens(self) -> list[int]:
-        out: list[int] = []
-        for t in self.turns:
-            out += t.prompt_ids
-            out += t.response_ids
-        return out
+    def to_train_samples(self, advantage: float | None = None, weight: float = 1.0) -> list:
+        """One ``TrainSample`` per trained turn: that turn's prompt and response, the loss on the response.
 
-    def response_spans(self) -> list[tuple[int, int]]:
-        """[start, end) token offsets of each turn's response in :meth:`tokens`."""
-        spans, pos = [], 0
-        for t in self.turns:
-            pos += len(t.prompt_ids)
-            spans.append((pos, pos + len(t.response_ids)))
-            pos += len(t.response_ids)
-        return spans
-
-    def to_train_sample(self, advantage: float | None = None, train_on_all_turns: bool | None = None,
-                        trim_untrained_tail: bool = False, weight: float = 1.0):
-        """The whole conversation as a ``TrainSample``.
-
-        ``loss_mask`` covers the responses marked ``trained`` by the loop: the first one by default
-        (PrimeEcho: later turns only feed the reward), every one with ``train_on_all_turns``; the
-        argument overrides the loop's choice. Fields: ``rollout_logprobs`` aligned to tokens
-        (0 off the responses) and, when given, ``advantages`` (the sequence advantage on trained
-        tokens, 0 elsewhere). ``trim_untrained_tail`` drops tokens after the last trained one: they
-        cannot change a causal model's logprobs of earlier tokens, so this only saves compute.
+        Turns are trained in the context they were generated in (each turn's prompt is its own rendering of
+        the history). Fields: ``rollout_logprobs`` (0 on the prompt) and, when given, ``advantages`` (the
+        trajectory's advantage on every trained token, 0 elsewhere).
         """
         from megatron_rl.types import TrainSample
 
@@ -158,34 +115,30 @@ class Trajectory:
             raise ValueError(f"trajectory {self.group_id}/{self.sample_index} has no turns")
         if advantage is not None and not math.isfinite(advantage):
             raise ValueError(f"trajectory {self.group_id}/{self.sample_index}: advantage is {advantage}")
-        tokens = self.tokens()
-        n = len(tokens)
-        loss_mask = [0] * n
-        rollout_lp = [0.0] * n
-        spans = self.response_spans()
-        for (start, end), turn in zip(spans, self.turns):
-            rollout_lp[start:end] = turn.rollout_logprobs
-            trained = turn.trained if train_on_all_turns is None else (turn.turn == 1 or train_on_all_turns)
-            if trained:
-                loss_mask[start:end] = [1] * (end - start)
-        if trim_untrained_tail:
-            last = max((i for i, m in enumerate(loss_mask) if m), default=len(self.turns[0].prompt_ids))
-            tokens, loss_mask, rollout_lp = tokens[: last + 1], loss_mask[: last + 1], rollout_lp[: last + 1]
-        fields = {"rollout_logprobs": rollout_lp}
-        if advantage is not None:
-            fields["advantages"] = [float(advantage) if m else 0.0 for m in loss_mask]
-        return TrainSample(tokens=tokens, loss_mask=loss_mask, fields=fields, weight=weight)
+        samples = []
+        for turn in self.turns:
+            if not turn.trained:
+                continue
+            p, r = len(turn.prompt_ids), len(turn.response_ids)
+            fields = {"rollout_logprobs": [0.0] * p + [float(x) for x in turn.rollout_logprobs]}
+            if advantage is not None:
+                fields["advantages"] = [0.0] * p + [float(advantage)] * r
+            samples.append(TrainSample(tokens=list(turn.prompt_ids) + list(turn.response_ids),
+                                       loss_mask=[0] * p + [1] * r, fields=fields, weight=weight))
+        return samples
 
 
 @dataclasses.dataclass
 class RolloutRequest:
-    """One prompt to sample a group for. ``messages=None`` builds the task prompt."""
+    """One prompt to sample a group for. ``messages=None`` uses the environment's prompt for the task."""
 
     task: Any
     group_id: str
     messages: list[dict[str, str]] | None = None
     kind: str = "task"               # "task" | "repair"
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_turns: int | None = None     # None: AgentConfig.max_turns
+    generated_tokens: int = 0        # what the engines returned for this group so far (also if it is cancelled)
 
 
 @dataclasses.dataclass
@@ -213,9 +166,18 @@ class GroupResult:
         return RewardGroup(group_id=self.request.group_id, rewards=list(self.rewards), items=list(self.trajectories))
 
     def advantages(self, cfg: AdvantageConfig | None = None) -> list[float]:
-        """GRPO advantages of this group (default config without a fixed group size)."""
-        cfg = cfg if cfg is not None else AdvantageConfig(group_size=None)
-        return group_advantages(self.rewards, cfg, self.request.group_id)
+        """GRPO advantages of this group."""
+        return group_advantages(self.rewards, cfg or AdvantageConfig(), self.request.group_id)
+
+
+@dataclasses.dataclass
+class BatchResult:
+    """What `AgentLoop.rollout_batch` drew: the batch, and every other drawn request by fate."""
+
+    groups: list[GroupResult]        # the training batch, in submission order
+    unused: list[RolloutRequest]     # drawn but never decided (cancelled, or finished after the batch was full)
+    unscored: list[GroupResult]      # infra / aborted / prompt too long
+    stats: dict[str, Any]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -223,9 +185,7 @@ class GroupResult:
 
 
 class ConversationCodec:
-    """Chat-template rendering and the exact token bookkeeping of a growing conversation."""
-
-    _SENTINEL = "\ue000agent-loop-sentinel\ue000"
+    """Chat-template rendering of a conversation, and its token ids."""
 
     def __init__(self, tokenizer, enable_thinking: bool | None = None):
         self.tokenizer = tokenizer
@@ -257,29 +217,6 @@ class ConversationCodec:
     def decode_response(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def feedback_ids(self, user_text: str, previous_response_ids: Sequence[int]) -> list[int]:
-        """Tokens that close the previous assistant turn, add ``user_text`` as a user turn and open
-        the next assistant turn, as the chat template renders them.
-
-        The template's own end-of-turn marker is dropped when the engine already generated it
-        (the response ended on that stop token), so it is never duplicated; a truncated response
-        gets the marker from the template.
-        """
-        msgs = [{"role": "user", "content": "x"},
-                {"role": "assistant", "content": self._SENTINEL},
-                {"role": "user", "content": user_text}]
-        text = self.render(msgs, add_generation_prompt=True)
-        at = text.rfind(self._SENTINEL)
-        if at < 0:
-            raise ValueError("the chat template dropped the assistant message content; cannot derive the "
-                             "feedback-turn tokens")
-        delta = text[at + len(self._SENTINEL):]
-        if previous_response_ids and int(previous_response_ids[-1]) in self.stop_token_ids:
-            end_text = self.tokenizer.decode([int(previous_response_ids[-1])], skip_special_tokens=False)
-            if end_text and delta.startswith(end_text):
-                delta = delta[len(end_text):]
-        return self.encode(delta)
-
 
 # --------------------------------------------------------------------------------------------------
 # the loop
@@ -287,40 +224,53 @@ class ConversationCodec:
 
 @dataclasses.dataclass
 class AgentConfig:
-    backend: str = "cpu"                           # cuda | musa | cpu: what the prompt asks for
-    max_turns: int = 3
+    max_turns: int = 3                             # MusaCoder: at most 3 responses, early stop on a pass
+    single_turn_steps: int = 0                     # the max_turns schedule: 1 turn before this step (warmup)
     train_on_all_turns: bool = False               # default: the loss covers the first response only
     group_size: int = 8
     max_concurrency: int = 64                      # trajectories in flight
+    dynamic_sampling: bool = False                 # keep only groups whose rewards differ (DAPO)
+    max_oversample_rounds: int = 4                 # with it, at most prompts * (1 + this) groups per step
     sampling: SamplingParams = dataclasses.field(
         default_factory=lambda: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=32768))
     max_prompt_tokens: int | None = 8192
-    max_context_tokens: int | None = None          # bound on prompt + all turns
+    max_context_tokens: int | None = None          # bound on any turn's prompt + response
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     enable_thinking: bool | None = None            # forwarded to the chat template when set
     infra_retries: int = 3                         # re-verifications of one response on infra
     trajectory_retries: int = 2                    # re-runs of a trajectory (abort / persistent infra)
     seed: int | None = None                        # per-request sampling seeds derive from it
-    reward_fn: str | None = None                   # None/"eq2" or "pkg.module:function"
-    reward_params: RewardParams = dataclasses.field(default_factory=RewardParams)
+    reward_fn: str | None = None                   # None: the environment's score; or "pkg.module:function"
     primeecho: PrimeEchoConfig = dataclasses.field(default_factory=PrimeEchoConfig)
 
     def __post_init__(self):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.single_turn_steps < 0:
+            raise ValueError(f"single_turn_steps must be >= 0, got {self.single_turn_steps}")
         if self.group_size < 1 or self.max_concurrency < 1:
             raise ValueError("group_size and max_concurrency must be >= 1")
+        if self.max_oversample_rounds < 0:
+            raise ValueError(f"max_oversample_rounds must be >= 0, got {self.max_oversample_rounds}")
         if self.infra_retries < 0 or self.trajectory_retries < 0:
             raise ValueError("retry counts must be >= 0")
 
+    def max_turns_at(self, step: int) -> int:
+        """Single-turn RL warmup, then multi-turn feedback RL (the paper's two stages)."""
+        return 1 if step < self.single_turn_steps else self.max_turns
+
+    def groups_to_draw(self, num_groups: int) -> int:
+        """The most groups one step may draw to fill a batch of ``num_groups``."""
+        return num_groups * (1 + self.max_oversample_rounds) if self.dynamic_sampling else num_groups
+
 
 class AgentLoop:
-    def __init__(self, tokenizer, generate: GenerateFn, verify: VerifyFn, cfg: AgentConfig = AgentConfig()):
+    def __init__(self, tokenizer, generate: GenerateFn, env: Environment, cfg: AgentConfig = AgentConfig()):
         self.cfg = cfg
         self.codec = ConversationCodec(tokenizer, cfg.enable_thinking)
         self.generate = generate
-        self.verify = verify
-        self.reward_fn = resolve_turn_reward(cfg.reward_fn, cfg.reward_params)
+        self.env = env
+        self.score = load_callable(cfg.reward_fn) if cfg.reward_fn else env.score
         self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self.stats = {"trajectories": 0, "trajectory_retries": 0, "infra_reverifications": 0, "groups_failed": 0}
 
@@ -336,17 +286,16 @@ class AgentLoop:
 
     # ---- requests
 
-    def task_request(self, task, group_id: str | None = None) -> RolloutRequest:
-        return RolloutRequest(task=task, group_id=group_id or getattr(task, "task_id", str(task)))
-
-    def repair_request(self, entry, task, group_id: str | None = None) -> RolloutRequest:
-        """A BDR replay (``algorithms.bdr.FailedPrompt``) as a repair prompt for ``task``."""
+    def repair_request(self, entry, task, group_id: str | None = None) -> RolloutRequest | None:
+        """A BDR replay (``algorithms.bdr.FailedPrompt``) as a repair prompt for ``task`` (None when the
+        environment has no repair prompt for it)."""
         if getattr(task, "task_id", None) != entry.task_id:
             raise ValueError(f"BDR entry is for task {entry.task_id!r}, got task {getattr(task, 'task_id', task)!r}")
-        msgs = repair_messages(task, self.cfg.backend, entry.failed_code, entry.category, entry.error,
-                               self.cfg.system_prompt)
+        msgs = self.env.repair_prompt(task, entry)
+        if msgs is None:
+            return None
         return RolloutRequest(task=task, group_id=group_id or f"repair/{entry.task_id}/{entry.attempts}",
-                              messages=msgs, kind="repair", meta={"bdr_attempts": entry.attempts})
+                              messages=msgs, kind="repair", meta={"bdr_entry": entry})
 
     def record_failed_group(self, bdr, group: GroupResult, step: int | None = None) -> bool:
         """Push a group in which no trajectory passed to a ``BufferedDynamicRetry``.
@@ -357,17 +306,19 @@ class AgentLoop:
             return False
         last = [t.turns[-1] for t in group.trajectories]
         task_id = getattr(group.request.task, "task_id", str(group.request.task))
+        entry = group.request.meta.get("bdr_entry")
         return bdr.add_group(task_id, [t.verdict for t in last], [t.score for t in last],
                              [candidate_code(t.response_text) for t in last],
-                             attempts=int(group.request.meta.get("bdr_attempts", 0)), step=step)
+                             attempts=entry.attempts if entry is not None else 0, step=step)
 
     # ---- one trajectory
 
-    def _sampling_for(self, group_id: str, sample_index: int, turn: int, context_len: int) -> SamplingParams | None:
+    def _sampling_for(self, group_id: str, sample_index: int, turn: int, prompt_len: int) -> SamplingParams | None:
+        """This turn's sampling: the configured one, its budget bounded by what the context has left."""
         base = self.cfg.sampling
         max_new = base.max_new_tokens
         if self.cfg.max_context_tokens is not None:
-            max_new = min(max_new, self.cfg.max_context_tokens - context_len)
+            max_new = min(max_new, self.cfg.max_context_tokens - prompt_len)
         if max_new <= 0:
             return None
         seed = base.seed
@@ -387,7 +338,7 @@ class AgentLoop:
 
     async def _verify_turn(self, where: str, task, text: str) -> tuple[VerifyResult, int]:
         for attempt in range(1, self.cfg.infra_retries + 2):
-            verdict = await self.verify(task, text)
+            verdict = await self.env.verify(task, text)
             if verdict is None or not isinstance(verdict, VerifyResult):
                 raise TypeError(f"{where}: verify returned {type(verdict).__name__}, expected VerifyResult")
             if verdict.category != Category.INFRA:
@@ -397,11 +348,13 @@ class AgentLoop:
                                 f"{where}: still infra after {self.cfg.infra_retries + 1} attempts: "
                                 f"{verdict.feedback[:200]}")
 
+    def first_messages(self, request: RolloutRequest) -> list[dict[str, str]]:
+        return list(request.messages) if request.messages is not None else self.env.prompt(request.task)
+
     def prompt_ids(self, request: RolloutRequest) -> list[int]:
-        """First-turn prompt tokens of a request (task prompt or the request's own messages)."""
+        """First-turn prompt tokens of a request (the environment's prompt or the request's own messages)."""
         task_id = getattr(request.task, "task_id", str(request.task))
-        messages = request.messages or initial_messages(request.task, self.cfg.backend, self.cfg.system_prompt)
-        prompt = self.codec.prompt_ids(messages)
+        prompt = self.codec.prompt_ids(self.first_messages(request))
         if not prompt:
             raise ValueError(f"task {task_id!r}: the chat template produced an empty prompt")
         if self.cfg.max_prompt_tokens is not None and len(prompt) > self.cfg.max_prompt_tokens:
@@ -413,45 +366,48 @@ class AgentLoop:
                              prompt: list[int] | None = None) -> Trajectory:
         task = request.task
         task_id = getattr(task, "task_id", str(task))
+        max_turns = request.max_turns or self.cfg.max_turns
+        messages = self.first_messages(request)
         prompt = list(prompt) if prompt is not None else self.prompt_ids(request)
+        turns: list[TurnRecord] = []
+        exhausted = False
         async with self._semaphore():
-            context: list[int] = list(prompt)
-            new_ids = list(prompt)
-            turns: list[TurnRecord] = []
-            for turn in range(1, self.cfg.max_turns + 1):
+            for turn in range(1, max_turns + 1):
                 where = f"task {task_id!r} group {request.group_id!r} sample {sample_index} turn {turn}"
-                params = self._sampling_for(request.group_id, sample_index, turn, len(context))
+                if turn > 1:
+                    prompt = self.codec.prompt_ids(messages)  # the history as the chat template renders it
+                params = self._sampling_for(request.group_id, sample_index, turn, len(prompt))
                 if params is None:
-                    break  # no room left in the context for another answer
+                    exhausted = True
+                    break
                 t0 = time.monotonic()
-                gen = await self.generate(list(context), params)
+                gen = await self.generate(list(prompt), params)
                 t1 = time.monotonic()
+                request.generated_tokens += len(gen.token_ids)
                 self._check_generation(where, gen)
                 text = self.codec.decode_response(gen.token_ids)
                 verdict, attempts = await self._verify_turn(where, task, text)
                 t2 = time.monotonic()
-                score = checked_turn_score(self.reward_fn, TurnOutcome(task=task, turn=turn, response_text=text,
-                                                                       verdict=verdict,
-                                                                       response_ids=list(gen.token_ids)))
+                score = checked_turn_score(self.score, TurnOutcome(task=task, turn=turn, response_text=text,
+                                                                   verdict=verdict, response_ids=list(gen.token_ids)))
                 turns.append(TurnRecord(
-                    turn=turn, prompt_ids=new_ids, response_ids=list(gen.token_ids),
+                    turn=turn, prompt_ids=prompt, response_ids=list(gen.token_ids),
                     rollout_logprobs=[float(x) for x in gen.logprobs], finish_reason=gen.finish_reason,
                     weight_version=gen.weight_version, response_text=text, verdict=verdict, score=score,
-                    trained=turn == 1 or self.cfg.train_on_all_turns, verify_attempts=attempts,
+                    trained=turn == 1 or self.cfg.train_on_all_turns, max_new_tokens=params.max_new_tokens,
+                    cut=params.max_new_tokens < self.cfg.sampling.max_new_tokens, verify_attempts=attempts,
                     generate_seconds=t1 - t0, verify_seconds=t2 - t1))
-                context += gen.token_ids
-                if verdict.passed or turn == self.cfg.max_turns:
+                if verdict.passed or turn == max_turns:
                     break
-                new_ids = self.codec.feedback_ids(feedback_text(verdict.category.value, verdict.q, verdict.feedback),
-                                                  gen.token_ids)
-                context += new_ids
+                messages += [{"role": "assistant", "content": text},
+                             {"role": "user", "content": self.env.feedback(verdict)}]
         if not turns:
             raise PromptTooLong(f"task {task_id!r}: no room for a response within max_context_tokens="
                                 f"{self.cfg.max_context_tokens}")
         reward = primeecho_reward([t.score for t in turns], [t.verdict.passed for t in turns], self.cfg.primeecho)
         self.stats["trajectories"] += 1
         return Trajectory(task_id=task_id, group_id=request.group_id, sample_index=sample_index, turns=turns,
-                          reward=reward, kind=request.kind)
+                          reward=reward, kind=request.kind, context_exhausted=exhausted)
 
     # ---- groups
 
@@ -478,96 +434,108 @@ class AgentLoop:
         try:
             trajectories = await asyncio.gather(*jobs)
         except (InfraVerdictError, GenerationAborted, PromptTooLong) as e:
-            for j in jobs:
-                j.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            await _cancel(jobs)
             self.stats["groups_failed"] += 1
             status = {InfraVerdictError: "infra", GenerationAborted: "aborted", PromptTooLong: "prompt_too_long"}[type(e)]
             return GroupResult(request=request, trajectories=[], status=status, error=str(e))
         except BaseException:
-            for j in jobs:
-                j.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            await _cancel(jobs)
             raise
         return GroupResult(request=request, trajectories=list(trajectories))
 
-    async def stream_groups(self, requests: Iterable[RolloutRequest] | AsyncIterable[RolloutRequest],
-                            max_groups_in_flight: int | None = None) -> AsyncIterator[GroupResult]:
-        """Run groups concurrently and yield each as it completes (any status).
+    async def rollout_batch(self, requests: Iterable[RolloutRequest] | AsyncIterable[RolloutRequest],
+                            num_groups: int, on_group: Callable[[GroupResult], None] | None = None,
+                            max_groups_in_flight: int | None = None) -> BatchResult:
+        """Collect ``num_groups`` scored groups, drawing at most ``cfg.groups_to_draw(num_groups)`` requests.
 
-        At most ``max_groups_in_flight`` groups are started ahead of consumption (default: enough to
-        keep ``max_concurrency`` trajectories busy). Closing the iterator cancels unfinished groups.
+        Groups run concurrently but are *decided* in submission order: group i joins the batch (with
+        ``cfg.dynamic_sampling``, only if its rewards differ) once every group drawn before it is decided,
+        so the batch does not depend on which groups finish first. Requests are drawn just ahead of need:
+        enough running groups to fill the rest of the batch at the keep rate seen so far, at most
+        ``max_groups_in_flight`` running. When the batch is full the groups behind it are cancelled and
+        returned as ``unused`` (their tasks and BDR entries belong back where they came from). ``on_group``
+        sees every decided scored group in order, kept or not (e.g. to push all-failed groups to BDR).
         """
-        limit = max_groups_in_flight or max(1, -(-self.cfg.max_concurrency // self.cfg.group_size) * 2)
+        cap = self.cfg.groups_to_draw(num_groups)
+        running_cap = max_groups_in_flight or max(1, -(-self.cfg.max_concurrency // self.cfg.group_size) * 2)
+        variance = self.cfg.dynamic_sampling
+        sampler = DynamicSampler(num_groups, require_variance=variance)
         source = _aiter(requests)
-        pending: set[asyncio.Future] = set()
+        drawn: list[tuple[RolloutRequest, asyncio.Future]] = []
+        unscored: list[GroupResult] = []
+        decided = 0
         exhausted = False
+
+        def keeps(group: GroupResult) -> bool:
+            return group.ok and (not variance or has_reward_variance(group.rewards))
+
+        def expected_batch() -> float:
+            """The batch size once every drawn group is decided: finished groups as they are, running ones at
+            the keep rate seen so far (a prior of 1 before anything has finished)."""
+            finished = [f.result() for _, f in drawn if _finished(f)]
+            rate = (sum(map(keeps, finished)) + 1) / (len(finished) + 1)
+            ahead = [f for _, f in drawn[decided:]]
+            return (len(sampler.batch) + sum(keeps(f.result()) for f in ahead if _finished(f))
+                    + rate * sum(not f.done() for f in ahead))
+
         try:
             while True:
-                while not exhausted and len(pending) < limit:
+                while not exhausted and len(drawn) < cap and expected_batch() < num_groups and \
+                        sum(1 for _, f in drawn[decided:] if not f.done()) < running_cap:
                     try:
                         req = await source.__anext__()
                     except StopAsyncIteration:
                         exhausted = True
                         break
-                    pending.add(asyncio.ensure_future(self.run_group(req)))
-                if not pending:
-                    return
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    yield fut.result()
-        finally:
-            for fut in pending:
-                fut.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-
-    async def rollout_batch(self, requests: Iterable[RolloutRequest] | AsyncIterable[RolloutRequest],
-                            num_groups: int, dynamic_sampling: bool = True,
-                            on_group: Callable[[GroupResult], None] | None = None,
-                            max_groups_in_flight: int | None = None
-                            ) -> tuple[list[GroupResult], dict[str, Any]]:
-        """Collect ``num_groups`` scored groups; with ``dynamic_sampling`` only groups whose rewards
-        differ count (oversample by passing more requests than ``num_groups``).
-
-        ``on_group`` sees every scored group, kept or not (e.g. to push all-failed groups to BDR).
-        Unscored groups (infra/aborted/too long) are skipped and counted.
-        """
-        skipped: dict[str, int] = {}
-        unscored_ids: list[str] = []
-        issued: dict[int, int] = {}  # id(request) -> issue order, to return the batch in request order
-
-        async def numbered():
-            source = _aiter(requests)
-            while True:
-                try:
-                    req = await source.__anext__()
-                except StopAsyncIteration:
-                    return
-                issued[id(req)] = len(issued)
-                yield req
-
-        sampler = DynamicSampler(num_groups, require_variance=dynamic_sampling)
-        stream = self.stream_groups(numbered(), max_groups_in_flight)
-        try:
-            async for group in stream:
+                    drawn.append((req, asyncio.ensure_future(self.run_group(req))))
+                if decided == len(drawn):
+                    break
+                head = drawn[decided][1]
+                if not head.done():
+                    await asyncio.wait([f for _, f in drawn[decided:] if not f.done()],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                group = head.result()
+                decided += 1
                 if not group.ok:
-                    skipped[group.status] = skipped.get(group.status, 0) + 1
-                    unscored_ids.append(getattr(group.request.task, "task_id", str(group.request.task)))
+                    unscored.append(group)
                     continue
                 if on_group is not None:
                     on_group(group)
                 if sampler.offer(group):
                     break
         finally:
-            await stream.aclose()
+            await _cancel([f for _, f in drawn[decided:]])
         batch, ds = sampler.result()
-        # Completion order depends on timing; the training batch must not (reproducible runs).
-        batch = sorted(batch, key=lambda g: issued.get(id(g.request), len(issued)))
+        unused = [r for r, _ in drawn[decided:]]
+        generated = sum(r.generated_tokens for r, _ in drawn)
+        trained = sum(g.request.generated_tokens for g in batch)
         stats = ds.to_dict()
-        stats["groups_unscored"] = skipped
-        stats["unscored_task_ids"] = unscored_ids  # the caller may re-queue these tasks
-        return batch, stats
+        stats.update(
+            groups_requested=len(drawn), groups_unused=len(unused),
+            groups_cancelled=sum(1 for _, f in drawn[decided:] if f.cancelled()),
+            groups_unscored=_count(g.status for g in unscored),
+            tokens_generated=generated, tokens_in_batch=trained,
+            discarded_token_frac=(generated - trained) / generated if generated else 0.0)
+        return BatchResult(groups=batch, unused=unused, unscored=unscored, stats=stats)
+
+
+def _finished(f: asyncio.Future) -> bool:
+    return f.done() and not f.cancelled() and f.exception() is None
+
+
+async def _cancel(futures: Sequence[asyncio.Future]) -> None:
+    for f in futures:
+        f.cancel()
+    if futures:
+        await asyncio.gather(*futures, return_exceptions=True)
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
 
 
 def _aiter(xs):

@@ -99,6 +99,36 @@ def _eval_loss(actor, samples) -> float:
     return num / sum(s.num_trained_tokens for s in samples)
 
 
+def check_ppo_mini_batches():
+    """An RL batch in 4 PPO mini-batches: π_old (the loss's declared field) is computed once, before the first
+    optimizer step, so the first mini-batch is on-policy (ratio 1) and the later ones are not: the clip acts.
+    In one mini-batch (the old behaviour) the ratio is 1 and the clip fraction exactly 0."""
+    from megatron_rl.algorithms import PolicyLoss, PolicyLossConfig
+
+    def rl_samples():
+        samples = ref.make_samples(lengths=(7, 12, 5, 20, 9, 3, 14, 11))
+        for i, s in enumerate(samples):
+            s.fields = {"advantages": [(1.0 if i % 2 else -1.0) * m for m in s.loss_mask]}
+        return samples
+
+    loss = PolicyLoss(PolicyLossConfig(eps_clip_low=0.2, eps_clip_high=0.28, log_entropy=False))
+    assert loss.computed_fields == {"old_logprobs": "policy"}
+    seen = {}
+    for n in (1, 4):
+        actor, _ = _actor(lr=3e-2, adam_eps=1e-8, clip_grad=0.0)
+        steps = []
+        real_step = actor.train_step
+        actor.train_step = lambda batch, fn: steps.append(real_step(batch, fn)) or steps[-1]
+        samples = rl_samples()
+        m = actor.train_rl_batch(samples, loss, num_mini_batches=n)
+        assert m["mini_batches"] == n and m["num_samples"] == len(samples) and not m["skipped"], m
+        assert actor.iteration == n and all("old_logprobs" in s.fields for s in samples)
+        assert steps[0]["pg_clipfrac"] == 0.0 and abs(steps[0]["ppo_kl"]) < 1e-7, steps[0]
+        seen[n] = m
+    assert seen[1]["pg_clipfrac"] == 0.0
+    assert seen[4]["pg_clipfrac"] > 0.0 and abs(seen[4]["ppo_kl"]) > 1e-4, seen[4]
+
+
 # ----------------------------------------------------------------------------------------------
 def single_rank(out_dir: str) -> None:
     """World size 1: HF parity, packing, micro-batch equivalence, learning, NaN skip, checkpoint."""
@@ -160,6 +190,8 @@ def single_rank(out_dir: str) -> None:
     losses = [actor.train_step(samples, SFTLoss())["loss"] for _ in range(6)]
     assert all(b < a for a, b in zip(losses, losses[1:])), f"loss did not decrease: {losses}"
     assert losses[-1] < losses[0] - 0.3, losses
+
+    check_ppo_mini_batches()
 
     # Checkpoint: 2 steps, save, record what comes next (eval loss, RNG draw, third step).
     actor, _ = _actor(lr=3e-3, adam_eps=1e-8, clip_grad=1.0, lr_warmup_steps=2, lr_decay_steps=20,

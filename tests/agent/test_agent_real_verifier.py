@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from megatron_rl.rollout.agent import AgentConfig, AgentLoop, RolloutRequest, farm_verify_fn, threaded_verify_fn
+from megatron_rl.rollout.agent import AgentConfig, AgentLoop, RolloutRequest
+from megatron_rl.rollout.environment import KernelEnvironment, farm_verify_fn, threaded_verify_fn
 from megatron_rl.rollout.prompts import defuse_control_tokens
 from agent_fakes import ScriptedEngine
 from verifier.types import Category, reward_eq2
@@ -79,19 +80,20 @@ def test_agent_loop_with_the_real_verifier(qwen_tok, relu_task, verifier_cfg):
         calls.append((text, verdict))
         return verdict
 
-    cfg = AgentConfig(backend="cpu", max_turns=3, group_size=1)
+    cfg = AgentConfig(max_turns=3, group_size=1)
+    env = KernelEnvironment([relu_task], "cpu", recording_verify, verifier_cfg.reward)
     engine_a = ScriptedEngine(qwen_tok, lambda turn, call: [PROSE_ONLY, FALLBACK_TO_TORCH, CORRECT_CPP][turn - 1])
     engine_b = ScriptedEngine(qwen_tok, lambda turn, call: CORRECT_CPP)
     engine_c = ScriptedEngine(qwen_tok, lambda turn, call: IDENTITY_WRONG)
-    loop_a = AgentLoop(qwen_tok, engine_a, recording_verify, cfg)
-    loop_b = AgentLoop(qwen_tok, engine_b, recording_verify, cfg)
-    loop_c = AgentLoop(qwen_tok, engine_c, recording_verify, AgentConfig(backend="cpu", max_turns=1, group_size=1))
+    loop_a = AgentLoop(qwen_tok, engine_a, env, cfg)
+    loop_b = AgentLoop(qwen_tok, engine_b, env, cfg)
+    loop_c = AgentLoop(qwen_tok, engine_c, env, AgentConfig(max_turns=1, group_size=1))
 
     async def main():
         # one after the other: the verifier's timing audit compares wall clock with reported times, so
         # concurrent timed runs on a 2-core machine can be judged implausible. b's first turn submits
         # the kernel a's last turn compiled: a build-cache hit.
-        return [await loop.run_group(loop.task_request(relu_task, name))
+        return [await loop.run_group(RolloutRequest(relu_task, name))
                 for loop, name in ((loop_c, "c"), (loop_a, "a"), (loop_b, "b"))]
 
     try:
@@ -124,14 +126,13 @@ def test_agent_loop_with_the_real_verifier(qwen_tok, relu_task, verifier_cfg):
     assert tc.turns[0].verdict.category == Category.CORRECTNESS_ERROR and tc.turns[0].verdict.q < 1.0
     assert tc.reward == pytest.approx(tc.turns[0].score) and tc.turns[0].score < 0
 
-    # the loss mask covers exactly the engine's first response
-    sample = ta.to_train_sample(advantage=1.0)
+    # the loss mask covers exactly the engine's first response, in the context it answered
+    (sample,) = ta.to_train_samples(advantage=1.0)
     sample.validate()
     first_in, _, first_out = engine_a.calls[0]
-    trained = [i for i, m in enumerate(sample.loss_mask) if m]
-    assert trained == list(range(len(first_in), len(first_in) + len(first_out)))
-    assert [sample.tokens[i] for i in trained] == first_out
-    assert sample.tokens == engine_a.calls[2][0] + engine_a.calls[2][2]
+    assert sample.tokens == first_in + first_out
+    assert sample.loss_mask == [0] * len(first_in) + [1] * len(first_out)
+    assert [t.prompt_ids for t in ta.turns] == [c[0] for c in engine_a.calls]
 
 
 def test_farm_adapter_with_the_real_farm(qwen_tok, relu_task, verifier_cfg):
@@ -142,7 +143,8 @@ def test_farm_adapter_with_the_real_farm(qwen_tok, relu_task, verifier_cfg):
                                                  device_mode="thread"))
     try:
         engine = ScriptedEngine(qwen_tok, lambda turn, call: [PROSE_ONLY, FALLBACK_TO_TORCH][turn - 1])
-        loop = AgentLoop(qwen_tok, engine, farm_verify_fn(farm), AgentConfig(backend="cpu", max_turns=2, group_size=2))
+        loop = AgentLoop(qwen_tok, engine, KernelEnvironment([relu_task], "cpu", farm_verify_fn(farm)),
+                         AgentConfig(max_turns=2, group_size=2))
         group = asyncio.run(loop.run_group(RolloutRequest(relu_task, "farm")))
     finally:
         farm.close()

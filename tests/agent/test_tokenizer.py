@@ -60,6 +60,18 @@ def test_chat_template(qwen_tok):
     assert ids == [151644, 872, 198, 13048, 151645, 198, 151644, 77091, 198]
 
 
+def test_chat_template_drops_reasoning_of_past_turns(qwen_tok):
+    """As Qwen3's template does: an answer before the last user turn keeps only what follows </think>."""
+    msgs = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<think>\nplan it\n</think>\n\nanswer one"},
+            {"role": "user", "content": "again"}]
+    text = qwen_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nanswer one<|im_end|>\n"
+                    "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+    last = qwen_tok.apply_chat_template(msgs[:2], tokenize=False)   # the latest answer is kept whole
+    assert "plan it" in last
+
+
 def test_cache_is_reused_and_written_atomically(qwen_tok, qwen_tok_cache, monkeypatch):
     built = [d for d in os.listdir(qwen_tok_cache)]
     assert len(built) == 1 and built[0].startswith("qwen3-offline-")     # no leftover temp dirs

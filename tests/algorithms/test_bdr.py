@@ -28,6 +28,29 @@ def test_capacity_and_fifo():
     assert bdr.push(entry(9, attempts=3)) is False and bdr.counters["retired"] == 1
 
 
+def test_restore_gives_back_an_unused_replay():
+    """A replay whose repair group was cancelled goes back to the front, its attempt not counted; a newer
+    failure of the same task wins; a full buffer evicts the restored entry (it is the oldest)."""
+    bdr = BufferedDynamicRetry(BDRConfig(capacity=3, replay_prob=1.0), seed=0)
+    for i in range(3):
+        bdr.push(entry(i))
+    first, second = bdr.draw(2)
+    assert (first.task_id, first.attempts) == ("t0", 1)
+    bdr.restore(second)
+    bdr.restore(first)
+    assert [(e.task_id, e.attempts) for e in bdr.entries()] == [("t0", 0), ("t1", 0), ("t2", 0)]
+    assert bdr.counters["returned"] == 2
+    (again,) = bdr.draw(1)
+    bdr.push(FailedPrompt("t0", "newer", "runtime_error", "boom", -1.0))
+    bdr.restore(again)
+    assert [e.failed_code for e in bdr.entries() if e.task_id == "t0"] == ["newer"]
+    bdr.push(entry(5))                      # full: t1 evicted
+    (oldest,) = bdr.draw(1)
+    bdr.push(entry(6))
+    bdr.restore(oldest)
+    assert oldest.task_id not in [e.task_id for e in bdr.entries()] and bdr.counters["evicted"] == 2
+
+
 def test_add_group_keeps_best_failure():
     def v(cat, q=0.0):
         return VerifyResult(task_id="t", category=cat, q=q, feedback=f"{cat.value} details")

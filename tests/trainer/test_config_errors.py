@@ -44,6 +44,11 @@ def _problems(overrides, preset=QUICKSTART):
     ("data.levels=[9]", "data.levels=[9]"),
     ("agent.max_context_tokens=40000", "agent.max_context_tokens=40000 must be < the engines' context length 32768"),
     ("model.tiny.vocab_size=1000", "model.tiny.vocab_size=1000 is smaller than the qwen3-offline tokenizer"),
+    ("actor.mini_batches=0", "actor.mini_batches=0 must be an int >= 1"),
+    ("agent.single_turn_steps=-1", "agent.single_turn_steps must be >= 0"),
+    ("agent.max_oversample_rounds=-1", "agent.max_oversample_rounds must be >= 0"),
+    ("data.environment=no_such_module:Env", "data.environment"),
+    ("farm.backend=k8s", "farm.backend must be process|ray"),
 ])
 def test_out_of_range_values_name_their_key(override, needle):
     problems = _problems([override])
