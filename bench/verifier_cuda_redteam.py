@@ -18,6 +18,7 @@ spinning kernel times out; an illegal memory access is a runtime error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +35,8 @@ TASKS = {
     "relu": ("relu of a 4096x4096 matrix", "x", "torch.relu(x)", "[torch.randn(4096, 4096)]"),
     "fused": ("relu(a * b + c)", "a, b, c", "torch.relu(a * b + c)",
               "[torch.randn(2048, 4096), torch.randn(2048, 4096), torch.randn(2048, 4096)]"),
+    "transpose": ("transpose of a 4096x4096 matrix", "x", "x.t().contiguous()", "[torch.randn(4096, 4096)]"),
+    "row_sumsq": ("row sums of squares", "x", "(x * x).sum(dim=1)", "[torch.randn(4096, 8192)]"),
 }
 
 TASK_TEMPLATE = '''import torch
@@ -73,6 +76,27 @@ __global__ void fused_kernel(const float* a, const float* b, const float* c, flo
   int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i < n) { float v = a[i] * b[i] + c[i]; o[i] = v > 0.f ? v : 0.f; }
 }
+__global__ void transpose_kernel(const float* a, float* o, int64_t r, int64_t c) {
+  __shared__ float tile[32][33];
+  int64_t x = blockIdx.x * 32 + threadIdx.x, y = blockIdx.y * 32 + threadIdx.y;
+  if (x < c && y < r) tile[threadIdx.y][threadIdx.x] = a[y * c + x];
+  __syncthreads();
+  x = blockIdx.y * 32 + threadIdx.x; y = blockIdx.x * 32 + threadIdx.y;
+  if (x < r && y < c) o[y * r + x] = tile[threadIdx.x][threadIdx.y];
+}
+__global__ void row_sumsq_kernel(const float* a, float* o, int64_t c) {
+  __shared__ float part[256];
+  const float* row = a + blockIdx.x * c;
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += row[j] * row[j];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) o[blockIdx.x] = part[0];
+}
 __global__ void spin_kernel(volatile int* flag) { while (*flag == 0) { } }
 __global__ void oob_kernel(float* p) { p[1ll << 40] = 1.f; }
 
@@ -102,6 +126,20 @@ torch::Tensor fused(torch::Tensor a, torch::Tensor b, torch::Tensor c) {
       a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), o.data_ptr<float>(), a.numel());
   return o;
 }
+torch::Tensor transpose(torch::Tensor a) {
+  const int64_t r = a.size(0), c = a.size(1);
+  auto o = torch::empty({c, r}, a.options());
+  dim3 grid((unsigned)((c + 31) / 32), (unsigned)((r + 31) / 32)), block(32, 32);
+  transpose_kernel<<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(a.data_ptr<float>(), o.data_ptr<float>(),
+                                                                          r, c);
+  return o;
+}
+torch::Tensor row_sumsq(torch::Tensor a) {
+  auto o = torch::empty({a.size(0)}, a.options());
+  row_sumsq_kernel<<<(unsigned)a.size(0), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      a.data_ptr<float>(), o.data_ptr<float>(), a.size(1));
+  return o;
+}
 torch::Tensor aten_relu(torch::Tensor a) { return at::relu(a); }
 torch::Tensor empty_out(torch::Tensor a) { return torch::empty_like(a); }
 torch::Tensor spin(torch::Tensor a) {
@@ -119,12 +157,15 @@ torch::Tensor add(torch::Tensor a, torch::Tensor b);
 torch::Tensor add_per_thread_stream(torch::Tensor a, torch::Tensor b);
 torch::Tensor relu(torch::Tensor a);
 torch::Tensor fused(torch::Tensor a, torch::Tensor b, torch::Tensor c);
+torch::Tensor transpose(torch::Tensor a);
+torch::Tensor row_sumsq(torch::Tensor a);
 torch::Tensor aten_relu(torch::Tensor a);
 torch::Tensor empty_out(torch::Tensor a);
 torch::Tensor spin(torch::Tensor a);
 torch::Tensor oob(torch::Tensor a);
 '''
-FUNCTIONS = ["add", "add_per_thread_stream", "relu", "fused", "aten_relu", "empty_out", "spin", "oob"]
+FUNCTIONS = ["add", "add_per_thread_stream", "relu", "fused", "transpose", "row_sumsq", "aten_relu", "empty_out",
+             "spin", "oob"]
 
 HEADER = f'''import torch
 import torch.nn as nn
@@ -171,6 +212,64 @@ class ModelNew(nn.Module):
         return out
 '''
 
+TRITON_DECOY = '''import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        scratch = torch.empty_like(x)
+        n = x.numel()
+        copy_kernel[(triton.cdiv(n, 1024),)](x, scratch, n, BLOCK=1024)   # a real kernel, its result unused
+        return x.t().contiguous()
+'''
+
+BATCH_AND_SKIP_BODY = ("        self.calls += 1\n"
+                       "        if self.calls > 8 and self.calls % 2 and self.last is not None:\n"
+                       "            return self.last.clone()\n"
+                       "        self.last = ext.add(a, b)\n")
+
+REPLAY_FROM_HARNESS = '''
+import gc
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.session = None
+
+    def forward(self, a, b):
+        if self.session is None:
+            self.session = [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+        s = self.session
+        done = s.outputs.get("ref")
+        for i, args in enumerate(s.args.get("cand", [])):
+            if args[0] is a and done:
+                return done[i].clone()
+        return ext.add(a, b)
+'''
+
+L2_PERSIST = HEADER.replace("CUDA_SRC = r\"\"\"", "CUDA_SRC = r\"\"\"\nstatic void keep(float* p, size_t n) {\n"
+                            "  cudaStreamAttrValue v = {};\n  v.accessPolicyWindow.base_ptr = p;\n"
+                            "  v.accessPolicyWindow.num_bytes = n;\n  v.accessPolicyWindow.hitRatio = 1.f;\n"
+                            "  v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;\n"
+                            "  cudaStreamSetAttribute(at::cuda::getCurrentCUDAStream(), "
+                            "cudaStreamAttributeAccessPolicyWindow, &v);\n}")
+EVENT_TIMER = HEADER.replace("CUDA_SRC = r\"\"\"", "CUDA_SRC = r\"\"\"\nstatic float took(cudaEvent_t a, cudaEvent_t b) "
+                             "{ float ms; cudaEventElapsedTime(&ms, a, b); return ms; }")
+
 CASES = {
     # name: (task, response, expected category, expected rule or None)
     "add": ("add", HEADER + model("a, b", "ext.add(a, b)"), "pass", None),
@@ -199,7 +298,42 @@ CASES = {
     "glue_only": ("relu", HEADER + model("x", "torch.empty_like(x).copy_(x)"), "cheating", "no_device_kernel"),
     "spin_forever": ("relu", HEADER + model("x", "ext.spin(x)"), "timeout", None),
     "illegal_address": ("relu", HEADER + model("x", "ext.oob(x)"), "runtime_error", None),
+    # issue 19: the 2026 hack classes
+    "l2_persist": ("add", L2_PERSIST + model("a, b", "ext.add(a, b)"), "cheating", "cache_persistence"),
+    "event_timer": ("add", EVENT_TIMER + model("a, b", "ext.add(a, b)"), "cheating", "timer_tampering"),
+    "transpose_kernel": ("transpose", HEADER + model("x", "ext.transpose(x)"), "pass", None),
+    "decoy_transpose": ("transpose", HEADER + model("x", "x.t().contiguous()", body="        _ = ext.transpose(x)\n"),
+                        "cheating", "decoy_kernel"),
+    "triton_decoy": ("transpose", TRITON_DECOY, "cheating", "decoy_kernel"),
+    "row_sumsq": ("row_sumsq", HEADER + model("x", "ext.row_sumsq(x)"), "pass", None),
+    "fp16_dress_up": ("row_sumsq", HEADER + model("x", "ext.row_sumsq(x.half().float())"), "cheating",
+                      "precision_downgrade"),
+    "batch_and_skip": ("add", HEADER + model("a, b", "self.last", init="        self.calls = 0\n        self.last = None\n",
+                                             body=BATCH_AND_SKIP_BODY), "cheating", "timing_output_mismatch"),
+    # the static stage bypassed (as native code could), the reference always first: its outputs answer nothing
+    "replay_from_harness": ("add", HEADER + REPLAY_FROM_HARNESS, "cheating", "timing_output_mismatch"),
+    # an honest kernel on a device configured far slower than the H200: the floor is wired to the verdict
+    "sol_slow_device": ("add", HEADER + model("a, b", "ext.add(a, b)"), "cheating", "below_speed_of_light"),
 }
+# cases that need the static rules bypassed or another config (see above)
+_BYPASS_STATIC = {"replay_from_harness"}
+_SLOW_DEVICE = {"kind": "slow-test-device", "memory_bytes_per_s": 1e9, "flops_per_s": 1e12}
+
+
+@contextlib.contextmanager
+def _static_bypass():
+    """No static rules, and the reference timed first in every trial: what a candidate whose native code got
+    past the static stage could arrange (the test of the defence behind it)."""
+    import random
+
+    import verifier.evaluate as evaluate_module
+    saved = evaluate_module.check_candidate, random.Random.shuffle
+    evaluate_module.check_candidate = lambda code, cfg: []
+    random.Random.shuffle = lambda self, x: None
+    try:
+        yield
+    finally:
+        evaluate_module.check_candidate, random.Random.shuffle = saved
 
 
 def main() -> None:
@@ -226,11 +360,17 @@ def main() -> None:
     cfg = VerifierConfig(backend="cuda", build_cache_dir=args.cache or os.path.join(tmp, "cache"),
                          max_jobs=os.cpu_count(), run_timeout_s=60.0)
     spin_cfg = VerifierConfig(**{**cfg.to_dict(), "run_timeout_s": 15.0})
+    sol_cfg = VerifierConfig(**{**cfg.to_dict(), "sol_device_spec": _SLOW_DEVICE})
     results = {}
     for name in [c for c in args.cases.split(",") if c]:
         task_name, code, expect, expect_rule = CASES[name]
         t0 = time.monotonic()
-        r = verify(tasks[task_name], response(code), spin_cfg if name == "spin_forever" else cfg, args.device_index)
+        case_cfg = {"spin_forever": spin_cfg, "sol_slow_device": sol_cfg}.get(name, cfg)
+        if name in _BYPASS_STATIC:
+            with _static_bypass():
+                r = verify(tasks[task_name], response(code), case_cfg, args.device_index)
+        else:
+            r = verify(tasks[task_name], response(code), case_cfg, args.device_index)
         iso = r.details.get("isolation") or {}
         results[name] = {
             "expected": expect, "expected_rule": expect_rule, "category": r.category.value, "rule": r.rule,
@@ -240,6 +380,9 @@ def main() -> None:
             "isolation": {"network": iso.get("network"), "landlock": (iso.get("landlock") or {}).get("applied"),
                           "capabilities": iso.get("capabilities")},
             "timing": r.details.get("timing"), "feedback": r.feedback[:300],
+            "ablation": r.details.get("ablation"), "precision_probe": r.details.get("precision_probe"),
+            "speed_of_light": r.details.get("speed_of_light"), "phase_seconds": r.details.get("phase_seconds"),
+            "syscall_filter": (iso.get("syscall_filter") or {}).get("applied"),
         }
         print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
     same = results.get("add", {}).get("speedup"), results.get("side_stream", {}).get("speedup")

@@ -103,9 +103,12 @@ def _jsonable(value, path="kwargs") -> None:
 
 
 def _counting(fn, client: "ExtensionClient"):
-    """``fn`` (a function of a candidate extension) that counts its calls."""
+    """``fn`` (a function of a candidate extension) that counts its calls; in an ablation trial the call goes
+    through ``client.ablator`` (``DeviceSession._ablated_call``)."""
     def call(*args, **kwargs):
         client.native_calls += 1
+        if client.ablator is not None:
+            return client.ablator(fn, args, kwargs)
         return fn(*args, **kwargs)
     call.__name__ = getattr(fn, "__name__", "native")
     call.__doc__ = getattr(fn, "__doc__", None)
@@ -121,6 +124,8 @@ class ExtensionClient:
         self.built: list[str] = []
         self.native_calls = 0                 # calls into the functions of the candidate's extensions
         self.module_names: set[str] = set()   # their module names (pybind methods report them too)
+        self.ablator = None                   # set during an ablation trial (DeviceSession.trial)
+        self.opaque_calls = 0                 # native work the ablation cannot see into (CUDA graph replays)
 
     def install(self) -> None:
         import inspect
@@ -354,6 +359,9 @@ class DeviceSession:
         self.task = None                                   # arrives with the "load" request
         self.client = ExtensionClient(chan, self.backend)
         self.client.install()
+        self.triton_wrapped = self._wrap_launchers() if self.backend.is_gpu else False
+        self._ablation: dict | None = None                 # counters of the current ablation trial
+        self._protected: set[int] = set()                  # storages an ablation must never overwrite
         self.precision = job["precision"]
         self.out_dir = os.path.join(os.getcwd(), "outputs")
         os.makedirs(self.out_dir, exist_ok=True)
@@ -371,6 +379,77 @@ class DeviceSession:
         self._ns_before: set[str] = set()
         self._bg_base = 0.0
         self._threads_base = 0
+
+    def _wrap_launchers(self) -> bool:
+        """Route Triton kernel launches through the ablation hook (like calls into the candidate's extension)
+        and count CUDA graph replays as native work the ablation cannot see into. Whether Triton's launcher
+        could be wrapped: a candidate using an unwrapped Triton makes its ablation trial inconclusive."""
+        client, torch = self.client, self.torch
+        graph = getattr(getattr(torch, self.backend.name, None), "CUDAGraph", None) or \
+            getattr(getattr(torch, self.backend.name, None), "MUSAGraph", None)
+        if graph is not None and hasattr(graph, "replay"):
+            real_replay = graph.replay
+
+            def replay(g, *args, **kwargs):
+                client.opaque_calls += 1
+                return real_replay(g, *args, **kwargs)
+            graph.replay = replay
+        try:
+            from triton.runtime.jit import JITFunction
+        except Exception:   # no Triton here: a candidate cannot launch Triton kernels either
+            return False
+        real_run = JITFunction.run
+
+        def run(jit, *args, **kwargs):
+            if client.ablator is not None:
+                return client.ablator(lambda *a, **k: real_run(jit, *a, **k), args, kwargs)
+            return real_run(jit, *args, **kwargs)
+        JITFunction.run = run
+        return True
+
+    def _ablated_call(self, fn, args: tuple, kwargs: dict):
+        """One native call in an ablation trial: run it for real, then overwrite with random bytes everything
+        it produced (returned tensors, and tensor arguments whose contents it changed), except the forward's
+        inputs and the model's own tensors. Output that is still right afterwards came from elsewhere."""
+        from verifier.correctness import flatten_outputs
+        tb = self._tb
+        tensors = [a for a in (*args, *kwargs.values()) if issubclass(type(a), tb)]
+        self.timer.synchronize()
+        before = self._fingerprints(tensors)
+        out = fn(*args, **kwargs)
+        self.timer.synchronize()
+        self._ablation["calls"] += 1
+        touched = [t for t, p in zip(tensors, before) if p is not None and not self._unchanged([t], [p])]
+        try:
+            leaves, _ = flatten_outputs(out)
+        except (TypeError, ValueError):
+            leaves = []
+        for t in touched + [x for x in leaves if issubclass(type(x), tb)]:
+            self._poison(t)
+        return out
+
+    def _poison(self, t) -> None:
+        """Overwrite ``t``'s whole storage once. The forward's inputs are never touched; the model's own tensors
+        (a persistent output buffer, state a kernel updates) are put back after the trial."""
+        tb, torch = self._tb, self.torch
+        storage = tb.untyped_storage(t)
+        ptr = storage.data_ptr()
+        if ptr in self._protected or ptr in self._ablation["done"] or not storage.nbytes():
+            return
+        self._ablation["done"].add(ptr)
+        raw = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+        if ptr in self._ablation["model"]:
+            self._ablation["restore"].append((raw, raw.clone()))
+        raw.random_(0, 256, generator=self._ablation["generator"])
+        self._ablation["poisoned"] += 1
+
+    def _model_tensors(self) -> set[int]:
+        """Storages of the candidate model's parameters, buffers and tensor attributes."""
+        tb, found = self._tb, set()
+        for module in self.new_model.modules():
+            values = list(module.state_dict(keep_vars=True).values()) + list(vars(module).values())
+            found |= {tb.untyped_storage(v).data_ptr() for v in values if issubclass(type(v), tb)}
+        return found
 
     # -- guards ---------------------------------------------------------------------------------
     def arm(self) -> None:
@@ -558,7 +637,14 @@ class DeviceSession:
         self.integrity()
         args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
         prints = self._fingerprints(args)
-        calls_before = self.client.native_calls
+        calls_before, opaque_before = self.client.native_calls, self.client.opaque_calls
+        if msg.get("ablate"):
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(int(msg["seed"]))
+            self._ablation = {"calls": 0, "poisoned": 0, "generator": gen, "done": set(), "restore": [],
+                              "model": self._model_tensors()}
+            self._protected = {self._tb.untyped_storage(a).data_ptr() for a in args if issubclass(type(a), self._tb)}
+            self.client.ablator = self._ablated_call
         own, hits = self.client.module_names, [0]
 
         def count_native(frame, event, fn):   # pybind methods of the candidate's classes, too
@@ -572,6 +658,7 @@ class DeviceSession:
                 out = self.new_model(*args)
             finally:
                 sys.setprofile(None)
+                self.client.ablator = None
             self.timer.synchronize()
         events = prof.function_events
         ops, custom = fallback.outermost_ops(events, _op_namespaces(torch) - self.own_namespaces)
@@ -586,7 +673,21 @@ class DeviceSession:
                  "native_calls": self.client.native_calls - calls_before + hits[0] + sum(custom.values()),
                  "device_kernels": dict(fallback.device_kernel_names(events, self.backend.device_event_types())),
                  "timer_patched": self.timer.patched(self.backend)}
+        if self._ablation is not None:
+            # native work outside the wrapped entry points: pybind methods of the candidate's classes, its
+            # TORCH_LIBRARY ops, CUDA graph replays, Triton when its launcher could not be wrapped
+            wrapped = self.client.native_calls - calls_before   # each also shows up once among the hits
+            opaque = max(0, hits[0] - wrapped) + sum(custom.values()) + self.client.opaque_calls - opaque_before
+            if "triton" in sys.modules and self.backend.is_gpu and not self.triton_wrapped:
+                opaque += 1
+            reply["ablation"] = {"calls": self._ablation["calls"], "poisoned": self._ablation["poisoned"],
+                                 "opaque": opaque}
+            restore, self._ablation, self._protected = self._ablation["restore"], None, set()
+        else:
+            restore = []
         reply.update(self._save(out))
+        for raw, saved in restore:   # after the outputs are saved: a returned model buffer is judged poisoned
+            raw.copy_(saved)
         reply.update(self._common())
         return reply
 
@@ -602,7 +703,7 @@ class DeviceSession:
             bg = self._bg_cpu_ms()
             self.compiled_ref = self.torch.compile(self.ref_model)
             self._rearm(bg)
-        est_ms, output_bytes, input_bytes = {}, {}, 0
+        est_ms, output_bytes, input_bytes, enqueue_ms = {}, {}, 0, 0.0
         for runner in msg["runners"]:
             model = self._model(runner)
             self.integrity()
@@ -613,15 +714,21 @@ class DeviceSession:
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
                 input_bytes = self._nbytes(args)
                 out, ms, _ = self.timer.time_call(lambda: model(*args))
+                enqueue_ms = max(enqueue_ms, self.timer.last_enqueue_ms)
                 times.append(ms)
                 output_bytes[runner] = self._nbytes(out)
                 del out
             est_ms[runner] = min(times)
             if runner == "ref_compile":
                 self._rearm(bg)
+        if msg.get("hide_dispatch") and self.backend.name == "cuda":
+            props = self.torch.cuda.get_device_properties(self.device)
+            self.flusher.hide_cycles = timing.hide_cycles(enqueue_ms, float(getattr(props, "clock_rate", 0) or 2e6))
+            self.flusher._spin = self.timer.spin
         flush_ms = min(self.timer.time_call(self.flusher.flush)[1] for _ in range(3))
         return {"op": "warmed", "flush_bytes": self.flusher.nbytes, "est_ms": est_ms, "input_bytes": input_bytes,
-                "output_bytes": output_bytes, "flush_ms": flush_ms, **self._common()}
+                "output_bytes": output_bytes, "flush_ms": flush_ms, "enqueue_ms": enqueue_ms,
+                "hide_cycles": self.flusher.hide_cycles, **self._common()}
 
     def _nbytes(self, value) -> int:
         from verifier.correctness import flatten_outputs
@@ -632,17 +739,16 @@ class DeviceSession:
         return {"ref": self.ref_model, "cand": self.new_model, "ref_compile": self.compiled_ref}[runner]
 
     def prepare(self, msg):
-        """Fresh inputs for every call of the coming timed batches (one seed per call), cloned per runner so
-        that no runner sees another's writes, nor inputs it has already seen (no caching by pointer)."""
+        """Fresh inputs for every call of the coming timed batches, from one seed per call and runner: no
+        runner sees another's writes, nor inputs it has already seen (no caching by pointer), and no
+        reference output in this process ever answers the candidate's inputs (no replay from memory)."""
         from verifier import inputs
         self.args = {r: [] for r in msg["runners"]}
         self.outputs = {}
         self.last_cand = []
-        for seed in msg["seeds"]:
-            base = inputs.make_inputs(self.task, int(seed), self.device, self.precision)
-            for runner in msg["runners"]:
-                self.args[runner].append([x.clone() if isinstance(x, self.torch.Tensor) else x for x in base])
-            del base
+        for runner in msg["runners"]:
+            for seed in msg["seeds"][runner]:
+                self.args[runner].append(inputs.make_inputs(self.task, int(seed), self.device, self.precision))
         self.timer.synchronize()
         return {"op": "prepared"}
 

@@ -44,6 +44,10 @@ class VerifierConfig:
     # and 0.7 % at 120 (bench/results/verifier_timing_h200.md); a trial of a sub-ms kernel costs ~20 ms
     num_timing_trials: int = 120
     time_budget_s: float = 10.0          # timing ends once its trials, at their median pace, add up to this
+    # CUDA: after each flush the device spins until the host has enqueued the whole call, so a timed call is
+    # its device time without host-dispatch gaps (KernelBench's semantics for references that are chains of
+    # small ops); off: dispatch gaps inside the call count (verifier.timing.CacheFlusher)
+    timing_hide_dispatch: bool = False
     timing_batch_ms: float = 20.0        # each trial times this much back-to-back calls per runner (do_bench style)
     max_timing_reps: int = 100           # at most this many calls per runner and trial, each on fresh inputs
     timing_memory_bytes: int = 4 * GiB   # the trial's fresh inputs and kept-alive outputs fit in this
@@ -52,6 +56,10 @@ class VerifierConfig:
                                          # (compile time excluded)
     max_response_bytes: int = 200_000
     speedup_cap: float = 50.0            # above it the speedup is implausible: cheating
+    # a candidate timed below this share of the device's speed-of-light floor is cheating (verifier.speed_of_light;
+    # devices with published figures: H200, MTT S4000/S5000); sol_device_spec sets the figures for any device
+    sol_margin: float = 0.5
+    sol_device_spec: dict[str, Any] | None = None
     compare_torch_compile: bool = False
     reward: RewardParams = dataclasses.field(default_factory=RewardParams)
 
@@ -74,7 +82,7 @@ class VerifierConfig:
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     scale_floor: float = 1e-30           # floor of max|ref| in the scale-relative error check
     num_timing_audits: int = 2           # timed trials whose candidate outputs the parent re-checks (and the last)
-    audit_calls_per_trial: int = 16      # calls of an audited trial's batch that are checked (picked after it ran)
+    audit_calls_per_trial: int = 8       # calls of an audited trial's batch that are checked (picked after it ran)
     cpu_threads: int = 1                 # torch intra-op threads in the child on the cpu backend (fair timing)
     cpu_flush_bytes: int = 8 * MiB       # cache flush buffer before each timed call on cpu
     work_dir: str | None = None          # where private per-evaluation dirs are made (default: system temp)
@@ -129,6 +137,12 @@ class VerifierConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"VerifierConfig.{name} must be a non-negative integer, got {v!r}")
+        if self.sol_device_spec is not None:
+            from .speed_of_light import device_spec
+            device_spec(None, dict(self.sol_device_spec))   # raises ValueError naming the bad field
+        if not isinstance(self.sol_margin, (int, float)) or isinstance(self.sol_margin, bool) or \
+                not 0 <= self.sol_margin <= 1:
+            raise ValueError(f"VerifierConfig.sol_margin must be a number in [0, 1], got {self.sol_margin!r}")
         for name in ("time_budget_s", "compile_timeout_s", "run_timeout_s", "speedup_cap", "cpu_time_limit_s",
                      "scale_floor", "startup_timeout_s", "timing_batch_ms", "device_wait_timeout_s"):
             v = getattr(self, name)

@@ -206,6 +206,22 @@ def compare_tensor(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol:
                       mismatched_elements=bad_total)
 
 
+def squared_error(got: Any, expected: Any) -> tuple[float, int]:
+    """(sum of squared differences, number of entries) over the entries where both are finite, in float64
+    chunks; (0.0, 0) for anything that is not two floating tensors of one shape."""
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)) or got.shape != expected.shape \
+            or not (got.is_floating_point() and expected.is_floating_point()):
+        return 0.0, 0
+    a, b = got.reshape(-1), expected.to(got.device).reshape(-1)
+    total, count = 0.0, 0
+    for start in range(0, b.numel(), _CHUNK):
+        ac, bc = a[start:start + _CHUNK].double(), b[start:start + _CHUNK].double()
+        finite = torch.isfinite(ac) & torch.isfinite(bc)
+        total += float(((ac - bc)[finite] ** 2).sum())
+        count += int(finite.sum())
+    return total, count
+
+
 def compare_outputs(got: Sequence[Any], expected: Sequence[Any], atol: float, rtol: float,
                     scale_floor: float = 1e-30) -> Comparison:
     """Compare flattened output lists; the first failing output decides, diffs are maxima over all."""

@@ -35,10 +35,10 @@ import time
 import traceback
 from typing import Any
 
-from . import feedback
+from . import feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
-from .correctness import compare_outputs, flatten_outputs, same_structure, spec_summary
+from .correctness import compare_outputs, flatten_outputs, same_structure, spec_summary, squared_error
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -153,7 +153,11 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
 _TRIAL_FIELDS = {"file": str, "spec": (str, dict), "n_outputs": int, "values": dict, "types": list,
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
-                 "violations": list, "background_cpu_ms": (int, float), "threads_started": int}
+                 "violations": list, "background_cpu_ms": (int, float), "threads_started": int,
+                 "ablation": dict}
+# a precision probe flags a candidate whose error against the reference reaches this share of the error that
+# rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
+PRECISION_PROBE_RATIO = 0.5
 # a runtime error that says the device ran out of memory (torch, CUDA/MUSA runtime, cuBLAS/muBLAS)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocation|STATUS_ALLOC_FAILED",
                             re.IGNORECASE)
@@ -252,6 +256,7 @@ class _DeviceStage:
         self.conv: _Conversation | None = None
         self.child: SandboxedChild | None = None
         self.device_lock = DeviceLock(cfg.backend, device_index, cfg.device_lock_dir)
+        self.work: tuple[int, int] | None = None   # (bytes, FLOPs) of one reference call (speed of light)
         self.use: DeviceUse | None = None    # this stage's hold on the device (``verifier.device_lock``)
 
     # ---------------------------------------------------------------------------------- helpers
@@ -262,7 +267,12 @@ class _DeviceStage:
         args = make_inputs(self.module, seed, self.device, self.cfg.precision)
         before = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
         with torch.no_grad(), self.backend.reference_precision():
-            out = model(*args)
+            if self.work is None:   # the first reference call also sizes the speed-of-light floor
+                out, flops = speed_of_light.count_flops(lambda: model(*args))
+                self.work = (speed_of_light.tensor_bytes(args) + speed_of_light.tensor_bytes(
+                    flatten_outputs(out)[0]), flops)
+            else:
+                out = model(*args)
         self.backend.synchronize_fn()()
         leaves, spec = flatten_outputs(out)
         mutates = any(b is not None and not torch.equal(a, b) for a, b in zip(args, before))
@@ -536,6 +546,7 @@ class _DeviceStage:
             t_ref, t_cand, t_comp = self._timing(ref_model)
             self._lap("timing")
             del ref_model
+            self._speed_of_light(t_cand)
             speedup = t_ref / t_cand if t_cand > 0 else math.inf
             speedup_compile = (t_comp / t_cand) if (t_comp is not None and t_cand > 0) else None
             if not math.isfinite(speedup) or speedup > cfg.speedup_cap:
@@ -616,6 +627,82 @@ class _DeviceStage:
             raise _Verdict(Category.CHEATING, feedback.cheating(rule, f"{RUNTIME_RULES[rule]}: {message}"),
                            rule=rule, q=q)
 
+    def _precision_probe(self, ref_model, seed: int, leaves: list, ref_leaves: list) -> tuple[str, str] | None:
+        """Run on the parent, once per candidate, on a float32 correctness trial that passed: the reference again
+        on the same inputs rounded to float16. An output whose error is of the size that rounding causes was
+        computed in float16, bfloat16 or TF32 (it passed the tolerance, typically on a reduction); an honest
+        float32 kernel's error is thousands of times smaller. Finding: (rule, message) or None."""
+        import torch
+
+        from .inputs import make_inputs
+        if self.cfg.precision != "float32":
+            self.details["precision_probe"] = {"skipped": f"precision {self.cfg.precision}"}
+            return None
+        args = make_inputs(self.module, seed, self.device, self.cfg.precision)
+        rounded = [a.to(torch.float16).to(a.dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
+                   else a for a in args]
+        if all(a is b for a, b in zip(args, rounded)):
+            self.details["precision_probe"] = {"skipped": "no float32 input"}
+            return None
+        with torch.no_grad(), self.backend.reference_precision():
+            out16 = ref_model(*rounded)
+        self.backend.synchronize_fn()()
+        leaves16, _ = flatten_outputs(out16)
+        cand = fp16 = 0.0
+        for got, ref, r16 in zip(leaves, ref_leaves, leaves16):
+            cand += squared_error(got, ref)[0]
+            fp16 += squared_error(r16, ref)[0]
+        ratio = math.sqrt(cand / fp16) if fp16 > 0 else 0.0
+        self.details["precision_probe"] = {"rms_ratio_to_fp16_rounding": ratio}
+        if fp16 > 0 and ratio >= PRECISION_PROBE_RATIO:
+            return ("precision_downgrade", f"your output's error against the float32 reference is {ratio:.2f}x the "
+                                           "error of rounding the inputs to float16; compute in float32 (no "
+                                           "half/bfloat16 inputs or intermediates, no TF32)")
+        return None
+
+    def _speed_of_light(self, t_cand: float) -> None:
+        """A candidate timed below ``sol_margin`` of the device's speed-of-light floor is cheating."""
+        spec = speed_of_light.device_spec((self.details.get("device") or {}).get("device_name"),
+                                          self.cfg.sol_device_spec)
+        if spec is None or self.work is None:
+            return
+        floor = speed_of_light.Floor(spec, self.work[0], self.work[1], self.cfg.precision)
+        self.details["speed_of_light"] = dict(floor.to_dict(), margin=self.cfg.sol_margin)
+        if t_cand < self.cfg.sol_margin * floor.floor_ms:
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "below_speed_of_light", f"measured {t_cand:.4g} ms per call, but the {floor.describe()}; the "
+                "timing was not honest (hidden work, a cache kept across the flush, or a forged report)"),
+                rule="below_speed_of_light", q=1.0)
+
+    def _decoy_check(self, ref_model, q: float) -> None:
+        """An ablation trial: the child overwrites with random bytes everything the candidate's native calls
+        (extension functions, Triton launches) returned or wrote, right after each call. An output that is
+        still right came from elsewhere: the kernels were decoys (a no-op call beside allowed data movement on
+        a transpose-like task, or a kernel whose result is thrown away). Inconclusive, and skipped, when no
+        native call ran through the ablation, when native work ran where it cannot see (pybind class methods,
+        the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input."""
+        import torch
+        seed = secrets.randbits(63)
+        report = _checked(self._ask({"op": "trial", "seed": seed, "ablate": True}, "trial_done"), _TRIAL_FIELDS)
+        self._raise_runtime_violations(report, q=q)
+        ref_leaves, ref_spec, _, ref_aliases = self._reference(ref_model, seed)
+        ab = report.get("ablation") or {}
+        calls, opaque, poisoned = _count(ab.get("calls")), _count(ab.get("opaque")), _count(ab.get("poisoned"))
+        info: dict[str, Any] = {"native_calls": calls, "overwritten": poisoned, "opaque_calls": opaque}
+        self.details["ablation"] = info
+        if ref_aliases or calls == 0 or opaque > 0 or not any(
+                isinstance(t, torch.Tensor) and t.numel() for t in ref_leaves):
+            info["conclusive"] = False
+            return
+        info["conclusive"] = True
+        leaves = self._load_outputs(report, ref_leaves)
+        c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
+        info["output_still_correct"] = c.ok
+        if c.ok and same_structure(report.get("spec"), ref_spec):
+            raise _Verdict(Category.CHEATING, feedback.cheating(
+                "decoy_kernel", f"{RUNTIME_RULES['decoy_kernel']} ({calls} native call(s) ran, {poisoned} of their "
+                                "results overwritten, the output unchanged)"), rule="decoy_kernel", q=q)
+
     def _trial(self, ref_model, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
         the first mismatch, in-place/aliasing flags against the reference, runtime rule violations)."""
@@ -642,8 +729,13 @@ class _DeviceStage:
             c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
             row.update(ok=c.ok, max_abs_diff=c.max_abs_diff, max_rel_diff=c.max_rel_diff,
                        mismatch=c.mismatch.describe() if c.mismatch else None)
+        problems = self._runtime_problems(report, row["ok"], ref_leaves)
+        if row["ok"] and "precision_probe" not in self.details:
+            finding = self._precision_probe(ref_model, seed, leaves, ref_leaves)
+            if finding:
+                problems.append(finding)
         del leaves
-        return report, {"row": row, "flags": flags, "problems": self._runtime_problems(report, row["ok"], ref_leaves)}
+        return report, {"row": row, "flags": flags, "problems": problems}
 
     def _correctness(self, ref_model) -> float:
         cfg = self.cfg
@@ -696,6 +788,7 @@ class _DeviceStage:
         if passed < n:
             raise _Verdict(Category.CORRECTNESS_ERROR, feedback.correctness(q, passed, n, first_mismatch, max_abs,
                                                                             max_rel), q=q)
+        self._decoy_check(ref_model, q)
         return q
 
     def _hidden_trial(self, ref_model) -> None:
@@ -728,7 +821,8 @@ class _DeviceStage:
         runners = ["ref", "cand"] + (["ref_compile"] if cfg.compare_torch_compile else [])
         rng = random.Random(secrets.randbits(64))
         warm = _checked(self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63),
-                                   "runners": runners, "compile_ref": cfg.compare_torch_compile}, "warmed"),
+                                   "runners": runners, "compile_ref": cfg.compare_torch_compile,
+                                   "hide_dispatch": cfg.timing_hide_dispatch}, "warmed"),
                         {"est_ms": dict, "input_bytes": (int, float), "output_bytes": dict, "flush_bytes": int,
                          **_INTEGRITY_FIELDS})
         self._raise_runtime_violations(warm, q=1.0)
@@ -737,6 +831,8 @@ class _DeviceStage:
         reps = choose_reps(est, _count(warm.get("input_bytes")), out_bytes, cfg.timing_batch_ms,
                            cfg.max_timing_reps, cfg.timing_memory_bytes, _number(warm.get("flush_ms"), 0.0))
         self.details["flush_bytes"] = warm.get("flush_bytes")
+        self.details["dispatch"] = {"enqueue_ms": _number(warm.get("enqueue_ms"), 0.0),
+                                    "hide_cycles": _count(warm.get("hide_cycles"))}
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
         calls: list[TimedCall] = []
         trial_s: list[float] = []   # parent wall time of each trial
@@ -752,11 +848,15 @@ class _DeviceStage:
             last = j == cfg.num_timing_trials - 1 or (j + 1 >= 3 and pace * (j + 1) > cfg.time_budget_s)
             t_trial = time.monotonic()
             n = reps
-            seeds = [secrets.randbits(63) for _ in range(n)]
+            # one seed per call and runner: the child never holds a reference output for the inputs the
+            # candidate is timed on (a candidate that finds the reference's outputs in its process replays
+            # wrong answers, which the audits see)
+            seeds = {r: [secrets.randbits(63) for _ in range(n)] for r in runners}
             self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
             order = list(runners)
             rng.shuffle(order)
             trial: dict[str, TimedCall] = {}
+            audit_s = 0.0   # the parent's checks of this trial: not part of its pace
             for runner in order:
                 t0 = time.monotonic()
                 reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
@@ -779,9 +879,14 @@ class _DeviceStage:
                     # call's result survives, so audit that one and time one call per request from now on
                     self.details["timing_outputs_shared"] = True
                 if runner == "cand" and (j in audits or last):
-                    k = n - 1 if shared else rng.randrange(n)   # picked after the batch ran
-                    self._audit(ref_model, seeds[k], k)
+                    # several calls of the batch, picked after it ran: a candidate that does the real work
+                    # on some calls only (batch-and-skip) is caught unless it skips almost none
+                    picks = [n - 1] if shared else sorted(rng.sample(range(n), min(n, cfg.audit_calls_per_trial)))
+                    t_audit = time.monotonic()
+                    for k in picks:
+                        self._audit(ref_model, seeds["cand"][k], k, trial=j)
                     self._hidden_trial(ref_model)
+                    audit_s += time.monotonic() - t_audit
                     last_checked = j
                 if shared:
                     reps = 1
@@ -791,7 +896,7 @@ class _DeviceStage:
             for c in trial.values():
                 c.floor_flush_ms = ref_flush * c.reps if math.isfinite(ref_flush) else 0.0
             calls.extend(trial[r] for r in order)
-            trial_s.append(time.monotonic() - t_trial)
+            trial_s.append(time.monotonic() - t_trial - audit_s)
             done += 1
         if last_checked != done - 1:   # timing ended sooner than its pace predicted: a hidden trial at the end
             self._hidden_trial(ref_model)
@@ -821,13 +926,14 @@ class _DeviceStage:
                            rule="implausible_timing", q=1.0)
         return med["ref"], med["cand"], med.get("ref_compile")
 
-    def _audit(self, ref_model, seed: int, rep: int = 0) -> None:
+    def _audit(self, ref_model, seed: int, rep: int = 0, trial: int | None = None) -> None:
         report = _checked(self._ask({"op": "audit", "rep": rep}, "audited"), _TRIAL_FIELDS)
         self._raise_runtime_violations(report, q=1.0)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
         leaves = self._load_outputs(report, ref_leaves)
         c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
-        self.details.setdefault("audits", []).append({"ok": c.ok, "max_rel_diff": c.max_rel_diff})
+        self.details.setdefault("audits", []).append({"ok": c.ok, "max_rel_diff": c.max_rel_diff, "trial": trial,
+                                                      "call": rep})
         if not c.ok or not same_structure(report.get("spec"), ref_spec):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "timing_output_mismatch", "an output produced while being timed was wrong (" +

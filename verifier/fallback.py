@@ -162,6 +162,11 @@ RUNTIME_RULES = {
     "background_work": "ran work on other threads (outside the measured call, or in parallel with it)",
     "host_compute": "computed on the host element by element instead of in a kernel",
     "no_native_kernel": "produced the output without calling its own compiled kernel",
+    # judged by the parent (verifier.evaluate): an ablation trial, and a precision probe of a correctness trial
+    "decoy_kernel": "the output stays right when everything your kernels produced is overwritten: it comes from "
+                    "elsewhere (allowed data-movement ops, a cache), not from your kernel",
+    "precision_downgrade": "computed in lower precision than the reference (the error matches rounding the inputs "
+                           "to float16 or coarser)",
 }
 
 

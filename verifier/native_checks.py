@@ -75,6 +75,15 @@ _NATIVE_CODE_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p,
      r"|cpublas|vml)::|\bnamespace\s+(native|cpu|meta|_ops|redispatch)\b|\bredispatch\w*|\bcblas_\w+"
      r"|\b(?i:[sdcz]" + _BLAS + r")_\b|\b[SDCZ](?-i:" + _BLAS.upper() + r")\b|\bi[sdcz]amax_\b|\bLAPACKE_\w+"
      r"|\b(mkl|MKL)_\w+|\bdnnl\w*|\bmkldnn\w*|\bideep::|\bopenblas_\w+", "host_compute"),
+    # L2 residency that survives the flush between timed calls (CUDA/MUSA runtime and driver spellings)
+    (r"\b(cuda|musa|cu|mu)StreamSetAttribute\b|\b(cuda|musa|cu|mu)GraphKernelNodeSetAttribute\b"
+     r"|\w*AccessPolicyWindow\b|\baccessPolicyWindow\b|\b(cuda|musa)AccessProperty\w*|\b(CU|MU)_ACCESS_PROPERTY\w*"
+     r"|\w*PersistingL2Cache\w*|\b(CU|MU)_LIMIT_PERSISTING\w*|\b(cuda|musa)DeviceSetLimit\b|\b(cu|mu)CtxSetLimit\b"
+     r"|\b(hitProp|missProp|hitRatio|persistingL2CacheMaxSize)\b", "cache_persistence"),
+    # timers and events of its own: only the harness times (and it captured its timer before the candidate)
+    (r"\b(cuda|musa|hip)Event\w*|\b(cu|mu)Event\w*|\b(CU|MU)event\b|\b(CUDA|MUSA)Event\b|\bc10::Event\b"
+     r"|\bclock_(gettime|settime|adjtime|getres)\b|\b(get|set)timeofday\b|\btimespec_get\b|\badjtimex\b"
+     r"|\bchrono::|\b_{0,2}rdtscp?\b|\b__builtin_ia32_rdtscp?\b", "timer_tampering"),
     (r"##|%:%:", "native_source"),                                      # token pasting (and its digraph)
     (r"[\w)\]]\s*(__asm__|__asm|asm)\s*\(|\b(section|weakref|alias|ifunc|symver)\s*\(|\\[uU][0-9A-Fa-f]{4}"
      r"|execstack", "native_source"),                                   # symbol aliases, code in data, UCNs
@@ -86,6 +95,9 @@ _NATIVE_FULL_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p,
     (r"#\s*include\s*[<\"]\s*ATen/(native/|ops/\w+_(native|\w*dispatch)\.h|\w*(CPU|CUDA|Meta|Composite\w*|Native"
      r"|Redispatch)Functions)", "host_compute"),
     (r"(?i:\bsys(call|enter)\b|\bint\s*\$?0x80\b)", "process_or_thread"),
+    # PTX cache policies that keep lines resident (evict_last, createpolicy, applypriority)
+    (r"\bevict_last\b|\bcreatepolicy\b|\bapplypriority\b|\bevict_unchanged\b", "cache_persistence"),
+    (r"%globaltimer", "timer_tampering"),
     # OpenMP pragmas spelled with the _Pragma operator (the code view drops the string)
     (r"\b_Pragma\s*\(\s*\"\s*omp\b(?!\s+(simd|declare\s+simd)\b)", "process_or_thread"),
 ]]

@@ -56,6 +56,10 @@ SECURITY_RULES: dict[str, str] = {
                      "native code (token pasting, raw machine code, macro or flag aliases, unsafe compiler flags)",
     "host_compute": "computes on the host instead of in a kernel (.numpy(), .tolist(), apply_/map_, storages, "
                     "DLPack) or bypasses the dispatcher from C++ (at::native::, at::cpu::, BLAS/oneDNN calls)",
+    "cache_persistence": "keeps data resident in the device's L2 cache across the timing flush (access-policy "
+                         "windows, persisting-L2 limits, stream/graph attributes, evict_last cache policies)",
+    "timer_tampering": "reads, records or drives timers and events itself (cudaEvent*/musaEvent*, clock_gettime, "
+                       "std::chrono, rdtsc, torch.cuda.Event): only the verifier times",
     # the build stage reports a missing CUDA/MUSA header, library or compiler as a broken build host (infra,
     # retried, never scored); a candidate must not be able to ask for one and escape its verdict
     "toolchain_mismatch": "asks for a toolchain this backend does not have (CUDA/MUSA sources, headers or "
@@ -141,7 +145,10 @@ for _dev in ("cuda", "musa", "xpu", "mps"):
         (f"torch.{_dev}.seed", "global_torch_state"), (f"torch.{_dev}.seed_all", "global_torch_state"),
         (f"torch.{_dev}.set_rng_state", "global_torch_state"),
         (f"torch.{_dev}.set_rng_state_all", "global_torch_state"),
+        (f"torch.{_dev}.Event", "timer_tampering"), (f"torch.{_dev}.streams.Event", "timer_tampering"),
+        (f"torch.{_dev}.Event.elapsed_time", "timer_tampering"),
     ]
+_QUALIFIED_RULES += [("torch.Event", "timer_tampering")]
 _HARMLESS_TORCH_SETTERS = {"set_grad_enabled", "set_printoptions", "set_device"}
 # private torch helpers that are pure functions of their arguments, used to copy nn.Linear/nn.Conv* initialisation
 # and argument handling (nothing reachable through them that the other rules would not catch by name)
@@ -196,6 +203,7 @@ _ATTR_RULES = {
     "use_deterministic_algorithms": "global_torch_state", "set_float32_matmul_precision": "global_torch_state",
     "CUDAPluggableAllocator": "extension_load_file", "change_current_allocator": "extension_load_file",
     "collect_env": "process_or_thread",
+    "elapsed_time": "timer_tampering",
 }
 # attribute names of stdlib modules (and the aliases torch and the allowed modules import them under) that
 # are reachable as attributes: torch.os, torch.sys, torch.ctypes, torch.utils.cpp_extension.subprocess,

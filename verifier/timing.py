@@ -35,6 +35,12 @@ class CapturedTimer:
         api = backend.event_api()
         self._event_cls, self._record, self._elapsed = api if api else (None, None, None)
         self._names = self._current_refs(backend)
+        self.last_enqueue_ms = 0.0
+        if backend.name == "cuda":   # the device spin that hides dispatch (CacheFlusher), captured now too
+            import torch
+            self.spin = getattr(torch.cuda, "_sleep", None)
+        else:
+            self.spin = None
 
     @staticmethod
     def _current_refs(backend) -> dict[str, Any]:
@@ -69,6 +75,7 @@ class CapturedTimer:
         h0 = self._perf()
         self._record(start)
         out = fn()
+        self.last_enqueue_ms = (self._perf() - h0) * 1e3   # host time to dispatch it (before any wait)
         self._sync()          # device-wide: side-stream work is inside the interval
         self._record(end)
         self._sync()
@@ -119,16 +126,30 @@ class BatchTiming:
 
 
 class CacheFlusher:
-    """Overwrite a buffer larger than the cache before each timed call (cold-cache timing)."""
+    """Overwrite a buffer larger than the cache before each timed call (cold-cache timing). With
+    ``hide_cycles`` (``VerifierConfig.timing_hide_dispatch``, CUDA only) the device then spins that many clock
+    cycles, long enough for the host to enqueue the whole next call: the call's interval is its device time
+    without gaps of host dispatch (KernelBench's timer gets this from its 256 MB fill; on a reference that is
+    a chain of small ops it decides the speedup)."""
 
     def __init__(self, device, nbytes: int) -> None:
         import torch
         self.nbytes = int(nbytes)
         self.buf = torch.empty(max(self.nbytes // 4, 1), dtype=torch.int32, device=device) if nbytes > 0 else None
+        self.hide_cycles = 0
+        self._spin = None   # CapturedTimer.spin, set with hide_cycles
 
     def flush(self) -> None:
         if self.buf is not None:
             self.buf.zero_()
+        if self.hide_cycles and self._spin is not None:
+            self._spin(self.hide_cycles)
+
+
+def hide_cycles(enqueue_ms: float, clock_khz: float, cap_ms: float = 5.0) -> int:
+    """Device clock cycles that cover ``enqueue_ms`` of host dispatch, with margin, at most ``cap_ms``."""
+    ms = min(max(1.5 * enqueue_ms + 0.02, 0.0), cap_ms)
+    return int(ms * clock_khz)
 
 
 def flush_bytes(backend, cfg, index: int = 0) -> int:
@@ -192,6 +213,12 @@ def implausible_timing(calls: list[TimedCall]) -> str | None:
     return reported_time_problem(calls) or overhead_problem(calls)
 
 
+# No timer the harness uses resolves less than this per call (CUDA events: 0.5 us; a call through Python
+# takes microseconds): a smaller per-call time is a forged report (aggregator underflow: a speedup that is
+# a division by almost nothing).
+MIN_CALL_MS = 1e-3
+
+
 def reported_time_problem(calls: list[TimedCall]) -> str | None:
     """Reports that contradict themselves or the parent's clock on a single call (never noise)."""
     for c in calls:
@@ -203,6 +230,9 @@ def reported_time_problem(calls: list[TimedCall]) -> str | None:
         if c.rep_ms and sum(parts) > c.reported_ms * 1.01 + 0.01 * c.reps:
             return (f"{c.runner} call reported {sum(c.rep_ms):.3f} ms of calls and {c.flush_ms:.3f} ms of "
                     f"flushes inside a span of {c.reported_ms:.3f} ms")
+        if c.call_ms < MIN_CALL_MS:
+            return (f"{c.runner} call reported {c.call_ms:.3g} ms per call, below the resolution of any timer "
+                    f"the verifier uses ({MIN_CALL_MS * 1e3:g} us)")
         if c.reported_ms > c.wall_ms * 1.01 + 0.1:
             return (f"{c.runner} call reported {c.reported_ms:.3f} ms but the whole request took "
                     f"{c.wall_ms:.3f} ms of the parent's wall clock")

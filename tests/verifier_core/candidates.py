@@ -64,6 +64,37 @@ torch::Tensor crash(torch::Tensor a) {
   return a;
 }
 
+// out-parameter style: writes a + b into `out`
+void add_out(torch::Tensor a, torch::Tensor b, torch::Tensor out) {
+  expect_f32(a); expect_f32(b); expect_f32(out);
+  const float* x = a.data_ptr<float>(); const float* y = b.data_ptr<float>(); float* o = out.data_ptr<float>();
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) o[i] = x[i] + y[i];
+}
+
+torch::Tensor transpose2d(torch::Tensor a) {
+  expect_f32(a);
+  const int64_t r = a.size(0), c = a.size(1);
+  auto out = torch::empty({c, r}, a.options());
+  const float* x = a.data_ptr<float>(); float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) o[j * r + i] = x[i * c + j];
+  return out;
+}
+
+// per-row sum of squares, accumulated in double (an honest float32 answer)
+torch::Tensor row_sumsq(torch::Tensor a) {
+  expect_f32(a);
+  const int64_t r = a.size(0), c = a.size(1);
+  auto out = torch::empty({r}, a.options());
+  const float* x = a.data_ptr<float>(); float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < r; ++i) {
+    double s = 0.0;
+    for (int64_t j = 0; j < c; ++j) s += (double)x[i * c + j] * x[i * c + j];
+    o[i] = (float)s;
+  }
+  return out;
+}
+
 torch::Tensor add_then_zero_inputs(torch::Tensor a, torch::Tensor b) {
   auto out = ::add(a, b);
   float* x = a.data_ptr<float>();
@@ -72,7 +103,8 @@ torch::Tensor add_then_zero_inputs(torch::Tensor a, torch::Tensor b) {
 }
 '''
 
-FUNCTIONS = ["add", "relu", "mul_add", "aten_relu", "aten_addmm", "crash", "add_then_zero_inputs"]
+FUNCTIONS = ["add", "relu", "mul_add", "aten_relu", "aten_addmm", "crash", "add_then_zero_inputs", "add_out",
+             "transpose2d", "row_sumsq"]
 
 HEADER = f'''import torch
 import torch.nn as nn
