@@ -82,7 +82,7 @@ class VerifierConfig:
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     scale_floor: float = 1e-30           # floor of max|ref| in the scale-relative error check
     num_timing_audits: int = 2           # timed trials whose candidate outputs the parent re-checks (and the last)
-    audit_calls_per_trial: int = 8       # calls of an audited trial's batch that are checked (picked after it ran)
+    audit_calls_per_trial: int = 4       # calls of an audited trial's batch that are checked (picked after it ran)
     cpu_threads: int = 1                 # torch intra-op threads in the child on the cpu backend (fair timing)
     cpu_flush_bytes: int = 8 * MiB       # cache flush buffer before each timed call on cpu
     work_dir: str | None = None          # where private per-evaluation dirs are made (default: system temp)
