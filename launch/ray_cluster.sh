@@ -63,6 +63,11 @@ ray_cluster_setup() {  # allocation facts, log dir, ports; writes $LOG_DIR/clust
   HEAD_NODE="${NODES[0]}"
   : "${GPUS_PER_NODE:=${SLURM_GPUS_ON_NODE:-0}}"
   : "${RAY_NUM_CPUS:=${SLURM_CPUS_ON_NODE:-$(nproc)}}"
+  local floor last top=$(( PORT_WORKER_MIN + (${#NODES[@]} - 1) * PORT_STRIDE + WORKER_PORT_COUNT - 1 ))
+  read -r floor last < /proc/sys/net/ipv4/ip_local_port_range || floor=32768
+  for p in "$PORT_GCS" "$PORT_CLIENT" "$PORT_DASHBOARD" "$PORT_METRICS" "$top"; do
+    [ "$p" -lt "$floor" ] || { echo "error: port $p is inside the ephemeral range ($floor-$last): lower the PORT_* settings" >&2; exit 1; }
+  done
   RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"
   local base="${BASE_LOG_DIR:-${SLURM_SUBMIT_DIR:-$REPO_DIR}/logs}"
   LOG_DIR="$base/${SLURM_JOB_ID}-logs"
@@ -80,11 +85,6 @@ ray_cluster_setup() {  # allocation facts, log dir, ports; writes $LOG_DIR/clust
     export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray_auth_token"
   fi
 
-  local floor last top=$(( PORT_WORKER_MIN + (${#NODES[@]} - 1) * PORT_STRIDE + WORKER_PORT_COUNT - 1 ))
-  read -r floor last < /proc/sys/net/ipv4/ip_local_port_range || floor=32768
-  for p in "$PORT_GCS" "$PORT_CLIENT" "$PORT_DASHBOARD" "$PORT_METRICS" "$top"; do
-    [ "$p" -lt "$floor" ] || { echo "error: port $p is inside the ephemeral range ($floor-$last): lower the PORT_* settings" >&2; exit 1; }
-  done
   {
     declare -p PY REPO_DIR HEAD_NODE GPUS_PER_NODE RAY_NUM_CPUS RESTART_COUNT
     echo "CLUSTER_NODES=(${NODES[*]})"
