@@ -3,10 +3,16 @@
 Everything lands under the run dir: ``tb/`` (TensorBoard), ``metrics.jsonl`` (one row per step),
 ``samples/step_XXXXXX.jsonl`` (every trajectory of a step: turns, verdicts, rewards) and
 ``summary.json`` (written at exit, also printed as the last stdout line).
+
+Throughput in NeMo-RL's units rides along every step row (`throughput_scalars`): tokens/s/GPU of each phase
+(tokens processed / (phase seconds x GPUs of that phase)), end to end, and the training MFU against the GPU's
+dense bf16 peak. The facts they need (model FLOPs per token, GPUs per role, the GPU's peak) are read once
+from the run dir's config.yaml and the model's config.json (`RunFacts.from_run_dir`).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -15,6 +21,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from megatron_rl.fsutil import write_text_atomic
+
+# Dense bf16 peak per GPU, TFLOP/s, matched against torch.cuda.get_device_name() (MFU is reported against it).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "B200": 2250.0, "S5000": 500.0}
 
 
 class PhaseTimer:
@@ -36,11 +45,86 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+@dataclasses.dataclass
+class RunFacts:
+    """What per-GPU throughput and MFU need beyond a step's row."""
+
+    train_gpus: int                      # train ranks (GPUs, or processes on a CPU run)
+    rollout_gpus: int                    # GPUs the engines use (colocated: the same ones)
+    trajectories_per_step: int           # prompts_per_step x group_size
+    shape: Any = None                    # megatron_rl.plan.ModelShape, None when the model is not known yet
+    peak_tflops: float | None = None     # None: no GPU (or an unknown one): no MFU
+
+    @property
+    def all_gpus(self) -> int:
+        return self.train_gpus + (self.rollout_gpus if self.rollout_gpus != self.train_gpus else 0)
+
+    @classmethod
+    def from_run_dir(cls, run_dir: Path) -> "RunFacts | None":
+        """From run_dir/config.yaml (written by the trainer) and the model's config.json; None if unreadable."""
+        from omegaconf import OmegaConf
+
+        from megatron_rl.plan import PlanError, shape_from_hf
+
+        try:
+            cfg = OmegaConf.to_container(OmegaConf.load(Path(run_dir) / "config.yaml"), resolve=False)
+        except Exception:  # noqa: BLE001 - no config (yet): no per-GPU figures
+            return None
+        cluster, data, agent = (cfg.get(k) or {} for k in ("cluster", "data", "agent"))
+        train = int(cluster.get("actor_world_size") or 1)
+        colocated = (cluster.get("placement") or "colocated") == "colocated"
+        roll = train if colocated else int(cluster.get("rollout_gpus") or 0) or train
+        shape = None
+        model_dir = Path((cfg.get("model") or {}).get("path") or Path(run_dir) / "model")
+        try:
+            shape = shape_from_hf(json.loads((model_dir / "config.json").read_text()), model_dir.name)
+        except (OSError, ValueError, PlanError):
+            shape = None
+        peak = None
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                name = torch.cuda.get_device_name(0).upper()
+                peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        except Exception:  # noqa: BLE001 - no device query, no MFU
+            peak = None
+        return cls(train, roll, int(data.get("prompts_per_step") or 1) * int(agent.get("group_size") or 1), shape, peak)
+
+
+def throughput_scalars(row: dict[str, Any], facts: RunFacts) -> dict[str, float]:
+    """NeMo-RL-style throughput of one step row (needs `perf/tokens_per_s` and `time/*`): tokens/s/GPU per phase
+    and end to end, generated tokens/s/GPU of the rollout (estimated from the mean first-turn response length
+    and turns), and the training MFU. Missing inputs leave the figure out."""
+    phases = {k[5:]: v for k, v in row.items() if k.startswith("time/") and _finite(v)}
+    total = sum(phases.values())
+    tps = row.get("perf/tokens_per_s")
+    if not _finite(tps) or total <= 0:
+        return {}
+    tokens = tps * total                                  # tokens in the step's training samples
+    out: dict[str, float] = {"perf/step_tokens": tokens, "perf/e2e_tokens_per_s_per_gpu": tokens / total / facts.all_gpus}
+    if phases.get("train"):
+        out["perf/train_tokens_per_s_per_gpu"] = tokens / phases["train"] / facts.train_gpus
+    if phases.get("logprobs"):
+        out["perf/logprob_tokens_per_s_per_gpu"] = tokens / phases["logprobs"] / facts.train_gpus
+    resp, turns = row.get("response/len_mean"), row.get("turns/mean")
+    if phases.get("rollout") and _finite(resp) and _finite(turns):
+        out["perf/rollout_tokens_per_s_per_gpu"] = (resp * turns * facts.trajectories_per_step
+                                                    / phases["rollout"] / facts.rollout_gpus)
+    if facts.shape is not None and facts.peak_tflops and phases.get("train"):
+        seq = tokens / max(facts.trajectories_per_step, 1)
+        flops = tokens * facts.shape.train_flops_per_token(seq)
+        out["perf/tflops_per_gpu"] = flops / phases["train"] / facts.train_gpus / 1e12
+        out["perf/mfu"] = out["perf/tflops_per_gpu"] / facts.peak_tflops
+    return out
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True, dump_samples: bool = True):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.dump = dump_samples
+        self.facts: RunFacts | None = None   # read from the run dir at the first step (see RunFacts)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -50,6 +134,10 @@ class RunLogger:
 
     def log_step(self, step: int, scalars: dict[str, Any], phases: dict[str, float], total_steps: int) -> None:
         row = {"step": step, **{k: v for k, v in scalars.items()}, **{f"time/{k}": v for k, v in phases.items()}}
+        if self.facts is None:
+            self.facts = RunFacts.from_run_dir(self.run_dir)
+        if self.facts is not None:
+            row.update({k: v for k, v in throughput_scalars(row, self.facts).items() if k not in row})
         self._metrics.write(json.dumps(row, default=float) + "\n")
         self._metrics.flush()
         if self._tb is not None:
