@@ -108,7 +108,7 @@ def run(cfg, resume: bool = False) -> dict:
             if rollout.empty:
                 continue
             history["reward"].append(rollout.metrics["reward/mean"])
-            if step + 1 == cfg.train.steps or (cfg.train.save_interval and (step + 1) % cfg.train.save_interval == 0):
+            if _save_due(cfg.train, step + 1):
                 with timer("save"):
                     cluster.save(step + 1, history)
             with timer("sync"):
@@ -124,6 +124,10 @@ def run(cfg, resume: bool = False) -> dict:
     summary = _summary(history["reward"], steps_done, t_start, cfg)
     logger.write_summary(summary)
     return summary
+
+
+def _save_due(t, iteration: int) -> bool:
+    return iteration == t.steps or bool(t.save_interval and iteration % t.save_interval == 0)
 
 
 def _report_failure(step: int, failed: int, limit: int, empty: bool) -> None:

@@ -455,6 +455,12 @@ class AgentLoop:
         ``max_groups_in_flight`` running. When the batch is full the groups behind it are cancelled and
         returned as ``unused`` (their tasks and BDR entries belong back where they came from). ``on_group``
         sees every decided scored group in order, kept or not (e.g. to push all-failed groups to BDR).
+
+        Stats: the sampler's (``groups_drawn``: scored groups decided, ``groups_kept``,
+        ``groups_dropped_zero_std``, ``stop_reason``, ``keep_rate``), ``groups_started``, ``groups_unused``,
+        ``groups_cancelled`` (unused and still running), ``groups_unscored`` (by status), ``tokens_generated``
+        (every finished generate call of every started group), ``tokens_in_batch`` and
+        ``discarded_token_frac`` (the share of generated tokens that will not be trained on).
         """
         cap = self.cfg.groups_to_draw(num_groups)
         running_cap = max_groups_in_flight or max(1, -(-self.cfg.max_concurrency // self.cfg.group_size) * 2)
@@ -512,7 +518,7 @@ class AgentLoop:
         trained = sum(g.request.generated_tokens for g in batch)
         stats = ds.to_dict()
         stats.update(
-            groups_requested=len(drawn), groups_unused=len(unused),
+            groups_started=len(drawn), groups_unused=len(unused),
             groups_cancelled=sum(1 for _, f in drawn[decided:] if f.cancelled()),
             groups_unscored=_count(g.status for g in unscored),
             tokens_generated=generated, tokens_in_batch=trained,

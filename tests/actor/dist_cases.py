@@ -99,6 +99,30 @@ def _eval_loss(actor, samples) -> float:
     return num / sum(s.num_trained_tokens for s in samples)
 
 
+def check_fused_vs_foreach_adam():
+    """torch's fused Adam (actor.fused_adam) updates the weights like megatron's foreach fallback."""
+    from megatron_rl.actor import ActorConfig, MegatronActor, SFTLoss
+    from megatron_rl.parallel import init_parallel
+
+    init_parallel(1, 1)
+    cfg = ref.tiny_config()
+    hf = ref.tiny_model(cfg, seed=3)
+    samples = ref.make_samples()
+    weights = {}
+    for fused in (True, False):
+        actor = MegatronActor(ActorConfig(lr=1e-2, fused_adam=fused), cfg)
+        actor.load_hf(ref.hf_state(hf))
+        groups = [g for o in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])
+                  for g in o.optimizer.param_groups]
+        assert all(bool(g.get("fused")) == fused for g in groups)
+        for _ in range(3):
+            actor.train_step(samples, SFTLoss())
+        weights[fused] = dict(actor.export_hf())
+    moved = max((weights[True][k] - v).abs().max().item() for k, v in ref.hf_state(hf).items())
+    diff = max((weights[True][k] - weights[False][k]).abs().max().item() for k in weights[True])
+    assert moved > 1e-3 and diff < 1e-5, (moved, diff)
+
+
 def check_ppo_mini_batches():
     """An RL batch in 4 PPO mini-batches: π_old (the loss's declared field) is computed once, before the first
     optimizer step, so the first mini-batch is on-policy (ratio 1) and the later ones are not: the clip acts.
@@ -192,6 +216,7 @@ def single_rank(out_dir: str) -> None:
     assert losses[-1] < losses[0] - 0.3, losses
 
     check_ppo_mini_batches()
+    check_fused_vs_foreach_adam()
 
     # Checkpoint: 2 steps, save, record what comes next (eval loss, RNG draw, third step).
     actor, _ = _actor(lr=3e-3, adam_eps=1e-8, clip_grad=1.0, lr_warmup_steps=2, lr_decay_steps=20,

@@ -4,8 +4,9 @@ Two spawned runs (world size 1, then 2) cover: logprobs/entropy vs HF on packed 
 packed == unpacked, the SFT loss and gradient norm vs HF autograd and the updated weights vs a
 plain torch AdamW step for 1 vs several micro-batches, fixed-size micro-batches, TP=2, DP=2,
 PP=2 (tied), PP=2 x VPP=2; seq-mean aggregation with sample weights; a NaN loss skipping the step
-cleanly; a learning curve; and a checkpoint saved at TP=1 reloaded at TP=2 (loss, RNG,
-iteration, extra, and the next optimizer step all identical).
+cleanly; a learning curve; PPO mini-batches of an RL batch (π_old fixed before the first: the clip
+acts); torch's fused Adam against the foreach fallback; and a checkpoint saved at TP=1 reloaded at
+TP=2 (loss, RNG, iteration, extra, and the next optimizer step all identical).
 """
 import os
 

@@ -110,35 +110,3 @@ def test_gradient_accumulation_fusion_without_cuda_is_a_clear_error():
         pytest.skip("the error is for machines without CUDA")
     with pytest.raises(RuntimeError, match="gradient_accumulation_fusion needs CUDA"):
         wgrad_fusion.install()
-
-
-def _fused_vs_foreach_adam():
-    import torch
-
-    from megatron_rl.actor import ActorConfig, MegatronActor, SFTLoss
-    from megatron_rl.parallel import init_parallel
-    from tests.actor import reference as ref
-
-    init_parallel(1, 1)
-    cfg = ref.tiny_config()
-    hf = ref.tiny_model(cfg, seed=3)
-    samples = ref.make_samples()
-    weights = {}
-    for fused in (True, False):
-        actor = MegatronActor(ActorConfig(lr=1e-2, fused_adam=fused), cfg)
-        actor.load_hf(ref.hf_state(hf))
-        groups = [g for o in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])
-                  for g in o.optimizer.param_groups]
-        assert all(bool(g.get("fused")) == fused for g in groups)
-        for _ in range(3):
-            actor.train_step(samples, SFTLoss())
-        weights[fused] = dict(actor.export_hf())
-    moved = max((weights[True][k] - v).abs().max().item() for k, v in ref.hf_state(hf).items())
-    diff = max((weights[True][k] - weights[False][k]).abs().max().item() for k in weights[True])
-    assert moved > 1e-3 and diff < 1e-5, (moved, diff)
-
-
-def test_fused_torch_adam_updates_like_the_foreach_fallback():
-    from megatron_rl.parallel import spawn
-
-    spawn(_fused_vs_foreach_adam, 1)

@@ -53,7 +53,7 @@ def test_slow_and_fast_tasks_are_kept_in_proportion(qwen_tok):
 
     # decided in submission order: the first four groups with differing rewards, slow or fast
     assert [g.group_id for g in out.groups] == ["slow-var-0", "fast-var-0", "slow-var-1", "fast-var-1"]
-    drawn = out.stats["groups_requested"]
+    drawn = out.stats["groups_started"]
     assert 5 <= drawn < len(requests)                        # drawn ahead only as far as needed
     assert out.unused == requests[5:drawn]                   # behind the batch: returned, in order
     assert out.stats["groups_unused"] == len(out.unused) and out.stats["groups_dropped_zero_std"] == 1

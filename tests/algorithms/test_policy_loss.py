@@ -163,6 +163,16 @@ def test_on_policy_invariant():
     assert float(loss) == pytest.approx(-sum(adv) / 50, abs=1e-12)
 
 
+def test_the_loss_declares_what_the_train_ranks_compute():
+    """π_old and π_ref are the train ranks' to compute (and only when the loss reads them); the rollout's own
+    logprobs as π_old need nothing."""
+    assert PolicyLoss(PolicyLossConfig()).computed_fields == {"old_logprobs": "policy"}
+    with_kl = PolicyLoss(PolicyLossConfig(kl_loss_coef=0.1, ref_logprobs_field="ref"))
+    assert with_kl.computed_fields == {"old_logprobs": "policy", "ref": "reference"}
+    assert set(with_kl.computed_fields) <= set(with_kl.required_fields)
+    assert PolicyLoss(PolicyLossConfig(old_logprobs_field="rollout_logprobs")).computed_fields == {}
+
+
 def test_bad_context_is_named():
     lp = [-1.0, -1.0, -1.0]
     with pytest.raises(ValueError, match="advantages.*samples \\[4\\]"):

@@ -130,10 +130,13 @@ def _train(*args):
 
 
 def test_cli_fails_fast_on_bad_overrides(tmp_path):
+    """`python -m megatron_rl.train` exits 2 before starting anything, naming every bad key (one subprocess:
+    in-process checks of the same path are in test_main_fails_fast_...)."""
     log_dir = tmp_path / "run"
-    r = _train("train.stepz=1", "train.steps=abc", "farm.max_retries=-1", f"train.log_dir={log_dir}")
+    r = _train("train.stepz=1", "train.steps=abc", "farm.max_retries=-1", "cluster.placement=nowhere",
+               f"train.log_dir={log_dir}")
     assert r.returncode == 2, r.stderr[-2000:]
-    for needle in ("train.stepz", "train.steps", "farm.max_retries"):
+    for needle in ("train.stepz", "train.steps", "farm.max_retries", "cluster.placement"):
         assert needle in r.stderr
     assert "Traceback" not in r.stderr and "[run]" not in r.stdout and not log_dir.exists()
 
