@@ -94,8 +94,8 @@ class RunFacts:
 
 def throughput_scalars(row: dict[str, Any], facts: RunFacts) -> dict[str, float]:
     """NeMo-RL-style throughput of one step row (needs `perf/tokens_per_s` and `time/*`): tokens/s/GPU per phase
-    and end to end, generated tokens/s/GPU of the rollout (estimated from the mean first-turn response length
-    and turns), and the training MFU. Missing inputs leave the figure out."""
+    and end to end, generated tokens/s/GPU of the rollout (`rollout/tokens_generated`, else estimated from the mean
+    first-turn response length and turns), and the training MFU. Missing inputs leave the figure out."""
     phases = {k[5:]: v for k, v in row.items() if k.startswith("time/") and _finite(v)}
     total = sum(phases.values())
     tps = row.get("perf/tokens_per_s")
@@ -107,10 +107,12 @@ def throughput_scalars(row: dict[str, Any], facts: RunFacts) -> dict[str, float]
         out["perf/train_tokens_per_s_per_gpu"] = tokens / phases["train"] / facts.train_gpus
     if phases.get("logprobs"):
         out["perf/logprob_tokens_per_s_per_gpu"] = tokens / phases["logprobs"] / facts.train_gpus
-    resp, turns = row.get("response/len_mean"), row.get("turns/mean")
-    if phases.get("rollout") and _finite(resp) and _finite(turns):
-        out["perf/rollout_tokens_per_s_per_gpu"] = (resp * turns * facts.trajectories_per_step
-                                                    / phases["rollout"] / facts.rollout_gpus)
+    generated = row.get("rollout/tokens_generated")
+    if not _finite(generated):   # older rows: estimated from the mean first-turn response and the turns
+        resp, turns = row.get("response/len_mean"), row.get("turns/mean")
+        generated = resp * turns * facts.trajectories_per_step if _finite(resp) and _finite(turns) else None
+    if phases.get("rollout") and generated is not None:
+        out["perf/rollout_tokens_per_s_per_gpu"] = generated / phases["rollout"] / facts.rollout_gpus
     if facts.shape is not None and facts.peak_tflops and phases.get("train"):
         seq = tokens / max(facts.trajectories_per_step, 1)
         flops = tokens * facts.shape.train_flops_per_token(seq)

@@ -93,6 +93,10 @@ def _nice_max(v: float) -> float:
     return 10 * e
 
 
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
 def _fmt(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
@@ -228,12 +232,12 @@ def build_report(run_dir: Path, out_dir: Path, warmup: int | None = None) -> dic
         md.append(f"- GPUs: train {facts.train_gpus}, rollout {facts.rollout_gpus} "
                   f"({'colocated' if facts.rollout_gpus == facts.train_gpus else 'disaggregated'}); "
                   f"{facts.trajectories_per_step} trajectories per step"
-                  + (f"; model {facts.shape.name} ({facts.shape.total_params() / 1e9:.3g} B params)" if facts.shape else "")
+                  + (f"; model {facts.shape.name} ({_params(facts.shape.total_params())} params)" if facts.shape else "")
                   + ("" if facts.peak_tflops else "; no GPU peak known (CPU run): no MFU"))
     st = _stats(step_times)
     md += ["", "## Step time (steady state)", "", "| phase | mean s | p50 s | p95 s | share |", "|---|---|---|---|---|"]
-    for p in phases:
-        s = _stats([r.get(p) for r in steady])
+    for p in phases:   # a phase missing from a step (e.g. `save` between checkpoints) took 0 s there
+        s = _stats([r.get(p, 0.0) for r in steady])
         if s:
             md.append(f"| {p[5:]} | {s['mean']:.3f} | {s['p50']:.3f} | {s['p95']:.3f} | "
                       f"{100 * s['mean'] / st['mean'] if st and st['mean'] else 0:.1f} % |")

@@ -37,6 +37,8 @@ def test_throughput_in_nemo_rl_units():
     out = throughput_scalars(_row(0), disagg)
     assert out["perf/e2e_tokens_per_s_per_gpu"] == pytest.approx(4000 / 4 / 8) and "perf/mfu" not in out
     assert throughput_scalars({"step": 0, "time/train": 1.0}, disagg) == {}
+    exact = throughput_scalars({**_row(0), "rollout/tokens_generated": 1200.0}, disagg)
+    assert exact["perf/rollout_tokens_per_s_per_gpu"] == pytest.approx(1200 / 2.0 / 6)
 
 
 def _run_dir(tmp_path: Path, rows: list[dict]) -> Path:
@@ -68,6 +70,7 @@ def test_run_logger_writes_per_gpu_throughput(tmp_path):
 def test_report_markdown_and_plots(tmp_path):
     rows = [_row(i, 1000.0 + 100 * i) for i in range(6)]
     rows[3]["time/train"] = 3.0                                        # one slow step shows in p95
+    rows[5]["time/save"] = 4.0                                         # a phase of one step only
     run = _run_dir(tmp_path, rows)
     p = subprocess.run([sys.executable, "-m", "megatron_rl.report", str(run)], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
@@ -77,6 +80,7 @@ def test_report_markdown_and_plots(tmp_path):
     assert out["steps"] == 6 and "steps 3-6, after 2 warm-up" in md
     assert "| train | 1.500 | 1.000 | 3.000 |" in md                     # mean/p50/p95 over steps 3-6
     assert "| rollout (generated) | 400.0 |" in md                      # 100 tokens x 2 turns x 8 / 2 s / 2 GPUs
+    assert "| save | 1.000 | 0.000 | 4.000 | 18.2 % |" in md            # 0 s on the steps without it
     assert "qwen" not in md or "B params" in md
     names = sorted(Path(x).name for x in out["plots"])
     assert names == ["reward.png", "step_time.png", "throughput.png"]   # CPU run: no MFU plot
