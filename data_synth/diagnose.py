@@ -251,7 +251,7 @@ def write_weights(path: str, report: DiagnoseReport) -> None:
 def read_weights(path: str) -> dict[str, float]:
     """Family weights from ``diagnose``'s output (or a plain ``{family: weight}`` object)."""
     doc = read_json(path, "weights")
-    weights = doc.get("weights") if isinstance(doc, dict) and doc.get("format") == WEIGHTS_FORMAT else doc
+    weights = doc.get("weights") if isinstance(doc, dict) and "weights" in doc else doc
     if not isinstance(weights, dict):
         raise DataSynthError(f"{path}: expected {{'format': '{WEIGHTS_FORMAT}', 'weights': {{...}}}} or a "
                              f"{{family: weight}} object")

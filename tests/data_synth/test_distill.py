@@ -1,0 +1,93 @@
+"""distill against endpoints: a local OpenAI-compatible server (scripted), the project's embedded engine
+(SGLang API), and an endpoint that does not answer."""
+import json
+import os
+
+import pytest
+import torch
+
+from data_synth import cli
+from data_synth.distill import DistillConfig, EndpointError, distill
+from data_synth.taskset import read_task_set
+from data_synth.teacher import offline_answer
+from data_synth.util import DataSynthError
+from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
+from megatron_rl.rollout.embedded_server import EmbeddedServer, load_model
+
+from conftest import FAST_VERIFIER
+from http_helpers import ScriptedTeacher, free_port
+
+
+def test_unreachable_endpoint_is_a_clear_error_and_writes_nothing(tmp_path, teacher_set, capsys):
+    folder, _ = teacher_set
+    url = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "rows.jsonl"
+    with pytest.raises(EndpointError, match=f"cannot reach the teacher endpoint {url}"):
+        distill(read_task_set(folder), str(out), DistillConfig(endpoint=url), progress=False)
+    assert not out.exists() and not (tmp_path / "rows.jsonl.partial").exists()
+    assert cli.main(["--no-progress", "distill", "--tasks", folder, "--out", str(out), "--endpoint", url]) == 2
+    assert "cannot reach" in capsys.readouterr().err
+    with pytest.raises(DataSynthError, match="not an http"):
+        DistillConfig(endpoint="ftp://host/x")
+
+
+def test_openai_endpoint_multi_turn_repair_gives_a_final_turn_row(tmp_path, teacher_set, build_cache):
+    """Turn 1 answers without code (format_error); turn 2, shown the verifier's feedback, answers correctly."""
+    folder, tasks = teacher_set
+    answers = {t.task_id: offline_answer(t, "cpu").response for t in tasks}
+
+    def script(task_id, turn, messages):
+        return "I would write a kernel here." if turn == 1 else answers[task_id]
+
+    server = ScriptedTeacher(script)
+    url = server.start()
+    try:
+        out, verdicts = tmp_path / "rows.jsonl", tmp_path / "v.jsonl"
+        cfg = DistillConfig(endpoint=url, turns=2, cache_dir=build_cache, compile_workers=2, verifier=FAST_VERIFIER)
+        summary = distill(read_task_set(folder)[:1], str(out), cfg, verdicts_path=str(verdicts), progress=False)
+    finally:
+        server.stop()
+    assert summary.teacher.startswith(f"openai:{url}:scripted-teacher")
+    assert summary.rows_written == 1 and summary.categories == {"format_error": 1, "pass": 1}
+    row = json.loads(open(out).read())
+    assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["step_loss_mask"] for m in row["messages"]] == [0, 0, 0, 0, 1]
+    assert "Verdict: format_error" in row["messages"][3]["content"]
+    assert row["turns"] == 2 and row["passed"] and [v["category"] for v in row["verdicts"]] == ["format_error", "pass"]
+    # the second request carried the whole conversation, with the feedback as the last user turn
+    assert server.requests[1]["messages"][-1]["content"] == row["messages"][3]["content"]
+    assert server.requests[0]["model"] == "scripted-teacher"
+    assert len(open(verdicts).read().splitlines()) == 2
+
+
+@pytest.fixture
+def embedded_engine():
+    cfg = dict(model_type="qwen3", vocab_size=151669, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=8192,
+               eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=True)
+    model, _ = load_model(None, hf_config=cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
+    server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=4)))
+    server.start_in_thread()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_embedded_engine_sglang_api_every_response_gets_a_verdict(tmp_path, teacher_set, embedded_engine):
+    folder, tasks = teacher_set
+    out = tmp_path / "rows.jsonl"
+    cfg = DistillConfig(endpoint=embedded_engine, samples=3, max_new_tokens=8, keep="all", verifier=FAST_VERIFIER)
+    summary = distill(read_task_set(folder), str(out), cfg, progress=False)
+    assert summary.teacher == f"sglang:{embedded_engine}"
+    assert summary.responses == 3 and summary.rows_written == 3 and summary.passed_samples == 0
+    assert summary.categories == {"format_error": 3}         # a random model writes no code block
+    rows = [json.loads(x) for x in open(out)]
+    assert [r["sample_id"] for r in rows] == [f"{t.task_id}#{k}" for t in tasks for k in range(3)]
+    assert all(r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["step_loss_mask"] == 1 for r in rows)
+    # keep=pass (the default): no passing answer -> an empty file, still written atomically
+    cli_out = tmp_path / "pass_only.jsonl"
+    assert cli.main(["--no-progress", "distill", "--tasks", folder, "--out", str(cli_out), "--endpoint",
+                     embedded_engine, "--api", "sglang", "--max-new-tokens", "4", "--trials", "1"]) == 0
+    assert cli_out.exists() and cli_out.read_text() == ""
+    assert not os.path.exists(str(cli_out) + ".partial")
