@@ -56,6 +56,10 @@ ray_cluster_setup() {  # allocation facts, log dir, ports; writes $LOG_DIR/clust
   if [ -z "${PY:-}" ]; then
     if [ -x .venv/bin/python ]; then PY="$REPO_DIR/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
   fi
+  # `ray job submit` and the job server live in Ray's dashboard (ray[default]): fail now, not after bring-up
+  "$PY" -c "import aiohttp_cors, opencensus, prometheus_client" 2>/dev/null || {
+    echo "error: $PY lacks Ray's dashboard (ray[default]); install requirements-cluster.lock on the nodes or use the images in docker/" >&2
+    exit 1; }
   mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
   local want="${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-${#NODES[@]}}}"
   [ "${#NODES[@]}" -ge 1 ] && [ "${#NODES[@]}" -eq "$want" ] \

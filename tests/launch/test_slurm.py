@@ -23,7 +23,14 @@ def _setup(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     script = f'set -euo pipefail; cd {ROOT}; source launch/ray_cluster.sh; ray_cluster_setup >/dev/null; echo "LOG_DIR=$LOG_DIR"'
     base = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu[1-3]",
             "SLURM_JOB_NUM_NODES": "3", "SLURM_GPUS_ON_NODE": "8", "SLURM_CPUS_ON_NODE": "16",
-            "BASE_LOG_DIR": str(tmp_path / "logs"), "PY": "python3", "HOME": str(tmp_path)}
+            "BASE_LOG_DIR": str(tmp_path / "logs"), "PY": str(bin_dir / "py"), "HOME": str(tmp_path)}
+    # a python that has Ray's dashboard packages (the check before bring-up), unless a test says otherwise
+    stub = tmp_path / "stub"
+    stub.mkdir(exist_ok=True)
+    for mod in ("aiohttp_cors", "opencensus", "prometheus_client"):
+        (stub / f"{mod}.py").write_text("")
+    (bin_dir / "py").write_text(f'#!/usr/bin/env bash\nPYTHONPATH={stub} exec python3 "$@"\n')
+    (bin_dir / "py").chmod(0o755)
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**base, **env}, timeout=60)
 
 
@@ -50,6 +57,11 @@ def test_setup_refuses_a_node_count_mismatch_and_ports_in_the_ephemeral_range(tm
     floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     p = _setup(tmp_path, SLURM_JOB_ID="78", PORT_WORKER_MIN=str(floor + 10))
     assert p.returncode != 0 and "inside the ephemeral range" in p.stderr
+
+
+def test_setup_refuses_a_python_without_rays_dashboard(tmp_path):
+    p = _setup(tmp_path, PY="python3")   # the system python: no aiohttp_cors / opencensus
+    assert p.returncode != 0 and "lacks Ray's dashboard (ray[default])" in p.stderr
 
 
 def test_scripts_parse():
