@@ -85,8 +85,8 @@ class PromptSource:
     stream. Whatever a step drew and did not use goes back: tasks to the front of the stream, BDR
     entries to the front of the buffer (nothing is lost to a cancelled group)."""
 
-    def __init__(self, env, agent, stream: TaskStream, bdr):
-        self.env, self.agent, self.stream, self.bdr = env, agent, stream, bdr
+    def __init__(self, agent, stream: TaskStream, bdr):
+        self.agent, self.stream, self.bdr = agent, stream, bdr
         self._by_id = {t.task_id: t for t in stream.tasks}
 
     def requests(self, step: int, max_turns: int) -> Iterator:
@@ -141,7 +141,7 @@ class RolloutManager:
         if cfg.rollout.use_router and cfg.rollout.engine == "sglang":
             generate = self._start_router()
         self.agent = AgentLoop(self.tokenizer, generate, self.env, cfg.agent)
-        self.source = PromptSource(self.env, self.agent, self.stream, self.bdr)
+        self.source = PromptSource(self.agent, self.stream, self.bdr)
         # only its per-step trajectory dump is used here: the driver logs the metrics
         self.samples_log = RunLogger(self.run_dir, tensorboard=False, dump_samples=cfg.train.dump_samples)
 

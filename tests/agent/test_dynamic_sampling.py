@@ -68,7 +68,7 @@ def test_unused_requests_go_back_where_they_came_from(qwen_tok):
     stream = TaskStream(tasks, seed=0)
     bdr = BufferedDynamicRetry(BDRConfig(replay_prob=1.0), seed=0)
     bdr.push(FailedPrompt("t2", "bad code", "compile_error", "error: x", -1.0))
-    source = PromptSource(env, loop, stream, bdr)
+    source = PromptSource(loop, stream, bdr)
 
     first = list(itertools.islice(source.requests(step=4, max_turns=2), 3))
     assert [(r.kind, r.task.task_id, r.max_turns) for r in first][0] == ("repair", "t2", 2)
