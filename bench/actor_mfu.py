@@ -2,6 +2,11 @@
 
     python bench/actor_mfu.py [--layers 12] [--seq 4096] [--seqs 8] [--steps 2] [--only NAME,...]
                               [--profile NAME,...] [--max-fit-layers 26,22] [--out bench/results/actor_mfu.json]
+    python bench/actor_mfu.py --hybrid-vs-dense [--layers 8] [--seq 8192] [--seqs 4] [--profile hybrid]
+
+``--hybrid-vs-dense`` runs the dense sweep's best options on Qwen3-8B-shaped layers and on Qwen3.5-9B-shaped
+hybrid layers (3 Gated DeltaNet : 1 gated attention, fla's kernels) side by side, and reports the hybrid's
+MFU as a fraction of the dense one (issue goal: >= 0.85).
 
 Each configuration of the sweep runs `MegatronActor.train_step` (SFT loss, distributed Adam,
 random weights and tokens) in a fresh process, so an out-of-memory configuration cannot disturb
@@ -27,8 +32,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.common import (PEAK_TFLOPS, QWEN3_SHAPES, emit_json, gpu_kernel_breakdown,  # noqa: E402
-                          matmul_params, model_flops)
+from bench.common import (PEAK_TFLOPS, QWEN3_5_SHAPES, QWEN3_SHAPES, emit_json,  # noqa: E402
+                          gpu_kernel_breakdown, matmul_params, model_flops)
 
 # name -> overrides of the base configuration (see `base_case`)
 SWEEP = {
@@ -76,6 +81,31 @@ def qwen3_8b_config(layers: int, tiny: bool = False):
                        rms_norm_eps=1e-6)
 
 
+def qwen3_5_9b_config(layers: int, tiny: bool = False):
+    """Qwen3.5-9B-shaped hybrid layers (every 4th one gated attention, as the real model)."""
+    from transformers import Qwen3_5TextConfig
+
+    rope = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}
+    if tiny:
+        return Qwen3_5TextConfig(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                                 linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                                 tie_word_embeddings=False, max_position_embeddings=16384, rope_parameters=rope)
+    return Qwen3_5TextConfig(**{**QWEN3_5_SHAPES["9b"], "num_hidden_layers": layers}, tie_word_embeddings=False,
+                             max_position_embeddings=262144, rope_parameters=rope, rms_norm_eps=1e-6)
+
+
+def model_config(case: dict):
+    if case.get("arch", "qwen3") == "qwen3_5":
+        return qwen3_5_9b_config(case["layers"], tiny=case.get("tiny", False))
+    return qwen3_8b_config(case["layers"], tiny=case.get("tiny", False))
+
+
+# the dense sweep's best configuration (bench/results/actor_h200.md, 55.9 % MFU): what both sides run
+BEST_DENSE = {"recompute_logprob_chunks": False,
+              "megatron": {"bias_activation_fusion": True, "gradient_accumulation_fusion": True}}
+
+
 def random_samples(n: int, seq: int, vocab: int, seed: int = 0):
     import torch
 
@@ -115,7 +145,7 @@ def run_case(case: dict) -> dict:
     from megatron_rl.actor import SFTLoss
 
     init_single_rank()
-    hf = qwen3_8b_config(case["layers"], tiny=case.get("tiny", False))
+    hf = model_config(case)
     cuda = torch.cuda.is_available()
     t0 = time.perf_counter()
     actor = build_actor(case, hf)
@@ -125,8 +155,11 @@ def run_case(case: dict) -> dict:
         uninstall_sync_free_thd_rope()
     samples = random_samples(case["seqs"], case["seq"], hf.vocab_size)
     loss = SFTLoss()
-    for _ in range(case["warmup"]):
+    print(f"[progress] built in {build_s:.1f} s", file=sys.stderr, flush=True)
+    for i in range(case["warmup"]):
+        t1 = time.perf_counter()
         actor.train_step(samples, loss)
+        print(f"[progress] warmup step {i} {time.perf_counter() - t1:.1f} s", file=sys.stderr, flush=True)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -151,6 +184,8 @@ def run_case(case: dict) -> dict:
     tflops = flops / dt / 1e12
     return {
         "ok": True,
+        "arch": case.get("arch", "qwen3"),
+        "layers": case["layers"],
         "attention_backend": actor.attention_backend,
         "params_billion": round(sum(p.numel() for c in actor.model for p in c.parameters()) / 1e9, 3),
         "matmul_params_billion": round(matmul_params(hf) / 1e9, 3),
@@ -208,8 +243,10 @@ def spawn_case(case: dict, timeout: int) -> dict:
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout} s"}
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        progress = [ln for ln in tail.splitlines() if ln.startswith("[progress]")]
+        return {"ok": False, "error": f"timed out after {timeout} s", "progress": progress[-6:]}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             out = json.loads(line[len("RESULT "):])
@@ -234,6 +271,8 @@ def main() -> int:
                     "(device time per kernel category, top kernels, idle share)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per configuration")
     ap.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke test of the script)")
+    ap.add_argument("--hybrid-vs-dense", action="store_true",
+                    help="Qwen3.5-9B hybrid layers beside Qwen3-8B dense layers, the dense sweep's best options")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "actor_mfu.json"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -247,6 +286,8 @@ def main() -> int:
 
     base = {"layers": args.layers, "seq": args.seq, "seqs": args.seqs, "steps": args.steps,
             "warmup": args.warmup, "tiny": args.tiny, "attention_backend": "sdpa"}
+    if args.hybrid_vs_dense:
+        return hybrid_vs_dense(base, args)
     names = args.only.split(",") if args.only else list(SWEEP)
     report = {
         "model": "Qwen3-8B-shaped (hidden 4096, 32/8 heads x 128, ffn 12288, vocab 151936), bf16, local spec",
@@ -288,6 +329,38 @@ def main() -> int:
     if ok:
         best = max(ok, key=lambda r: r["tflops"])
         report["best_sweep"] = {k: best[k] for k in ("tokens_per_s", "tflops", "mfu", "overrides")}
+    emit_json(report, args.out, indent=2)
+    return 0
+
+
+def hybrid_vs_dense(base: dict, args) -> int:
+    """Both architectures with the same options, layer count and packed sequences, in one run."""
+    import torch
+
+    report = {
+        "bench": "actor_mfu --hybrid-vs-dense",
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "peak_tflops": PEAK_TFLOPS, "seq": args.seq, "seqs_per_step": args.seqs, "layers": args.layers,
+        "options": BEST_DENSE,
+        "flops_formula": "2*N*tokens*3 (decoder matmuls + output projection) + causal attention of the full-"
+                         "attention layers + the chunked delta rule of the GDN layers (bench/common.model_flops)",
+        "shapes": {"dense": "Qwen3-8B layers (hidden 4096, 32/8 heads x 128, ffn 12288, vocab 151936)",
+                   "hybrid": "Qwen3.5-9B layers (hidden 4096, attention 16/4 heads x 256 gated, GDN 16 key / 32 "
+                             "value heads x 128, ffn 12288, vocab 248320; layers 3 GDN : 1 attention)"},
+        "runs": {},
+    }
+    for arch, name in (("qwen3", "dense"), ("qwen3_5", "hybrid")):
+        options = json.loads(json.dumps(BEST_DENSE))
+        if not torch.cuda.is_available():  # the CPU smoke run: the wgrad fusion is a GPU kernel
+            options["megatron"].pop("gradient_accumulation_fusion")
+        case = {**base, **options, "arch": arch, "profile": name in args.profile.split(",")}
+        res = spawn_case(case, args.timeout)
+        report["runs"][name] = res
+        print(name, json.dumps(res), file=sys.stderr, flush=True)
+    dense, hybrid = report["runs"]["dense"], report["runs"]["hybrid"]
+    if dense.get("ok") and hybrid.get("ok") and dense["mfu"] > 0:
+        report["hybrid_mfu_over_dense"] = round(hybrid["mfu"] / dense["mfu"], 3)
+        report["goal"] = ">= 0.85"
     emit_json(report, args.out, indent=2)
     return 0
 

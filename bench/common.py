@@ -1,5 +1,5 @@
-"""What several benchmarks share: the Qwen3 dense shapes, the model-FLOPs count and the peak MFU is
-measured against, and printing + writing the one JSON result of a run."""
+"""What several benchmarks share: the Qwen3 dense and Qwen3.5 hybrid shapes, the model-FLOPs count and the
+peak MFU is measured against, and printing + writing the one JSON result of a run."""
 from __future__ import annotations
 
 import json
@@ -17,22 +17,62 @@ QWEN3_SHAPES = {  # dense Qwen3 dimensions; each script adds layers, embeddings 
 }
 
 
+QWEN3_5_SHAPES = {  # Qwen3.5 hybrid text dimensions (every 4th layer gated attention, the rest Gated DeltaNet)
+    "9b": dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+               num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+               linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4),
+    "27b": dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4),
+}
+GDN_CHUNK = 64  # fla's chunk size for the chunked gated delta rule
+
+
+def _text(cfg):
+    return cfg.text_config if getattr(cfg, "model_type", None) == "qwen3_5" else cfg
+
+
+def _layer_types(cfg) -> list[str]:
+    types = getattr(cfg, "layer_types", None)
+    return list(types) if types else ["full_attention"] * cfg.num_hidden_layers
+
+
 def matmul_params(cfg) -> int:
     """Parameters that take part in matmuls: decoder layers plus the output projection (the embedding
-    lookup does no matmul). ``cfg`` is an HF config (attributes)."""
+    lookup does no matmul). ``cfg`` is an HF config (attributes), dense Qwen3 or the Qwen3.5 hybrid (gated
+    attention's q_proj is twice as wide; a GDN layer has in_proj_{qkv,z,b,a} and out_proj instead)."""
+    cfg = _text(cfg)
     h, nh, ng, hd, f = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, \
         cfg.intermediate_size
-    per_layer = h * (nh + 2 * ng) * hd + nh * hd * h + 3 * h * f
-    return cfg.num_hidden_layers * per_layer + cfg.vocab_size * h
+    gated = 2 if getattr(cfg, "model_type", "") in ("qwen3_5_text",) else 1
+    attention = h * (gated * nh + 2 * ng) * hd + nh * hd * h + 3 * h * f
+    total = 0
+    for kind in _layer_types(cfg):
+        if kind == "linear_attention":
+            nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+            dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+            total += h * (2 * nk * dk + 2 * nv * dv + 2 * nv) + nv * dv * h + 3 * h * f
+        else:
+            total += attention
+    return total + cfg.vocab_size * h
 
 
 def model_flops(cfg, seq_lens, passes: float = 3.0) -> float:
-    """Model FLOPs over sequences of ``seq_lens`` tokens: 2*N per token per pass plus causal attention
-    (QK^T and PV); ``passes`` is 3 for forward+backward, 1 for forward only. Recompute is not counted."""
+    """Model FLOPs over sequences of ``seq_lens`` tokens: 2*N per token per pass, plus for each full-attention
+    layer causal attention (QK^T and PV), plus for each Gated DeltaNet layer its chunked delta rule (per token
+    and value head: the intra-chunk QK^T and attention-times-values, 2*C*(dk+dv), and three state products,
+    3*dk*dv, with C = 64). ``passes`` is 3 for forward+backward, 1 for forward only. Recompute is not counted."""
+    cfg = _text(cfg)
+    types = _layer_types(cfg)
+    n_attn = sum(1 for t in types if t != "linear_attention")
     dense = 2.0 * passes * matmul_params(cfg) * sum(seq_lens)
-    attn = sum(2.0 * passes * cfg.num_hidden_layers * s * s * cfg.num_attention_heads * cfg.head_dim
-               for s in seq_lens)
-    return dense + attn
+    attn = sum(2.0 * passes * n_attn * s * s * cfg.num_attention_heads * cfg.head_dim for s in seq_lens)
+    gdn = 0.0
+    if n_attn < len(types):
+        dk, dv, nv = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_num_value_heads
+        per_token = 2.0 * nv * (2 * GDN_CHUNK * (dk + dv) / 2 + 3 * dk * dv)
+        gdn = passes * (len(types) - n_attn) * per_token * sum(seq_lens)
+    return dense + attn + gdn
 
 
 def emit_json(result, out: str | None, **dumps_kwargs) -> str:

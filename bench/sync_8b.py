@@ -1,13 +1,15 @@
-"""Weight-sync benchmark: an 8B-shaped Qwen3 (random bf16 weights, ~16 GB) from Megatron into the
-embedded engine.
+"""Weight-sync benchmark: an 8B-shaped Qwen3 (random bf16 weights, ~16 GB), or the Qwen3.5-9B hybrid
+(~18 GB), from Megatron into the embedded engine.
 
-    python bench/sync_8b.py [--mode colocated|distributed|both] [--shape 8b|1b|tiny] [--bucket-mb 512]
+    python bench/sync_8b.py [--mode colocated|distributed|both] [--shape 8b|9b_hybrid|1b|tiny|tiny_hybrid]
+                            [--bucket-mb 512]
 
 colocated: trainer and engine share GPU 0; buckets travel as CUDA IPC handles.
 distributed: engine on GPU 1; buckets are NCCL broadcasts over a stateless group (skipped with < 2 GPUs).
 Prints one JSON object: per mode, every repeat's total seconds, GB/s and phases (gather = bridge export
 with TP/PP gathers and HF layout, convert = flattening into per-dtype buckets, copy = transport +
-engine staging + commit, control = pause/flush/continue). Goal: <= 1.0 s colocated.
+engine staging + commit, control = pause/flush/continue). Goals: <= 1.0 s colocated for 8b, <= 0.5 s for
+the 9B hybrid (issue 15).
 Runs as a plain process (no Ray, no SGLang). Needs megatron-core and CUDA.
 """
 from __future__ import annotations
@@ -21,16 +23,23 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import QWEN3_SHAPES, emit_json  # noqa: E402
+from bench.common import QWEN3_5_SHAPES, QWEN3_SHAPES, emit_json  # noqa: E402
 
-SHAPES = {"8b": QWEN3_SHAPES["8b"], "1b": QWEN3_SHAPES["1b"],
+SHAPES = {"8b": QWEN3_SHAPES["8b"], "1b": QWEN3_SHAPES["1b"], "9b_hybrid": QWEN3_5_SHAPES["9b"],
           "tiny": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=64)}
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+          "tiny_hybrid": dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                              linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)}
 
 
 def hf_config_dict(shape: str) -> dict:
-    return dict(model_type="qwen3", max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                eos_token_id=None, bos_token_id=None, pad_token_id=None, **SHAPES[shape])
+    hybrid = "linear_num_key_heads" in SHAPES[shape]
+    extra = dict(rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}) \
+        if hybrid else {}
+    return dict(model_type="qwen3_5_text" if hybrid else "qwen3", max_position_embeddings=4096, rms_norm_eps=1e-6,
+                tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+                **SHAPES[shape], **extra)
 
 
 def build_megatron(cfg_dict: dict):

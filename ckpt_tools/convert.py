@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
-from megatron_rl.bridge.hf_dir import check_hf_input, load_hf_config
+from megatron_rl.bridge.hf_dir import check_hf_input, load_hf_config, load_passthrough
 from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
@@ -170,4 +170,6 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
         bar.update()
     bar.close()
     if writer is not None:
+        # tensors the model does not hold (a multimodal checkpoint's vision tower, MTP), byte for byte
+        writer.add_all(load_passthrough(ckpt / HF_ASSETS_DIR).items())
         writer.close()

@@ -20,7 +20,7 @@ import torch
 from megatron_rl.bridge import get_bridge
 from megatron_rl.bridge.hf_dir import load_hf_config
 from megatron_rl.checkpoint import CheckpointError, check_files, read_meta, resolve_checkpoint
-from megatron_rl.models import ParallelSizes
+from megatron_rl.models import ParallelSizes, text_config
 
 from .convert import INPUT_ERRORS
 from .hf_io import config_from_dict, parse_dtype
@@ -87,7 +87,7 @@ def verify(job: VerifyJob) -> VerifyReport:
         raise ToolError(str(e)) from None
 
     gen = torch.Generator().manual_seed(job.seed)
-    tokens = torch.randint(0, int(hf_cfg.vocab_size), (job.batch, job.seq_len), generator=gen)
+    tokens = torch.randint(0, int(text_config(hf_cfg).vocab_size), (job.batch, job.seq_len), generator=gen)
     hf_logits = hf_forward(job.hf_dir, tokens, dtype)
 
     with tempfile.TemporaryDirectory(prefix="ckpt_verify_") as tmp:

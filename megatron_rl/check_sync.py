@@ -18,6 +18,7 @@ sharded at) is reported before any engine or rank starts, with a message naming 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import math
@@ -54,6 +55,7 @@ class CheckArgs:
     seed: int
     result_path: str
     sglang_native: bool = False
+    samples: int = 1  # sequences sampled (concurrently) from the engine and compared
 
 
 def write_tiny_model(path: str, seed: int = 0, arch: str = "qwen3", **overrides) -> str:
@@ -108,20 +110,28 @@ def _rank_main(a: CheckArgs) -> None:
     try:
         report = sync.sync()
         gen: list[Any] = [None]
+        prompts = [a.prompt[k:] + a.prompt[:k] for k in range(a.samples)]  # rotations: distinct prompts
         if info.rank == 0:
             loop = BackgroundLoop("check-sync")
+
+            async def sample_all():
+                return await asyncio.gather(*[
+                    manager.generate(p, SamplingParams(temperature=1.0, max_new_tokens=a.max_new_tokens,
+                                                       seed=a.seed + k, ignore_eos=True))
+                    for k, p in enumerate(prompts)])
             try:
-                r = loop.run(manager.generate(a.prompt, SamplingParams(temperature=1.0, max_new_tokens=a.max_new_tokens,
-                                                                       seed=a.seed, ignore_eos=True)))
-                gen[0] = (r.token_ids, r.logprobs, r.weight_version)
+                results = loop.run(sample_all())
+                gen[0] = ([r.token_ids for r in results], [r.logprobs for r in results], results[0].weight_version)
                 loop.run(manager.close())
             finally:
                 loop.close()
         dist.broadcast_object_list(gen, src=0)
-        tokens, engine_lps, served_version = gen[0]
-        sample = TrainSample(tokens=a.prompt + tokens, loss_mask=[0] * len(a.prompt) + [1] * len(tokens))
-        actor_lps = actor.compute_logprobs([sample])[0][len(a.prompt):]
-        diffs = [abs(float(x) - float(y)) for x, y in zip(actor_lps.tolist(), engine_lps)]
+        token_lists, engine_lps, served_version = gen[0]
+        batch = [TrainSample(tokens=p + t, loss_mask=[0] * len(p) + [1] * len(t)) for p, t in zip(prompts, token_lists)]
+        diffs = []
+        for p, lps, e_lps in zip(prompts, actor.compute_logprobs(batch), engine_lps):
+            diffs += [abs(float(x) - float(y)) for x, y in zip(lps[len(p):].tolist(), e_lps)]
+        tokens = [t for ts in token_lists for t in ts]
         # max() skips a NaN that is not first: a NaN logprob on either side must fail the check, not vanish
         finite = all(math.isfinite(x) for x in diffs)
         diff = max(diffs) if finite else math.inf
@@ -129,7 +139,7 @@ def _rank_main(a: CheckArgs) -> None:
             out = {"max_abs_logprob_diff": diff, "mean_abs_logprob_diff": sum(diffs) / len(diffs) if finite else None,
                    "model_type": hf_config.model_type, "vocab_size": text_config(hf_config).vocab_size, "weight_version": report.weight_version,
                    "served_weight_version": served_version, "sync_seconds": round(report.seconds, 4),
-                   "tokens": len(tokens), "tp": a.tp, "pp": a.pp, "transport": a.transport, "dtype": a.dtype,
+                   "tokens": len(tokens), "samples": a.samples, "tp": a.tp, "pp": a.pp, "transport": a.transport, "dtype": a.dtype,
                    "sync": report.to_json()}
             tmp = a.result_path + ".tmp"
             with open(tmp, "w") as f:
@@ -142,7 +152,8 @@ def _rank_main(a: CheckArgs) -> None:
 def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", engine: str = "embedded",
               transport: str = "colocated",
               dtype: str = "float32", engine_url: str | None = None, max_new_tokens: int = 24, seed: int = 0,
-              workdir: str | None = None, sglang_args: dict | None = None, engine_device: str = "auto") -> dict:
+              workdir: str | None = None, sglang_args: dict | None = None, engine_device: str = "auto",
+              samples: int = 1) -> dict:
     """Library entry of the CLI: returns the result dict (raises on errors)."""
     from megatron_rl.parallel import spawn
     from megatron_rl.rollout.sglang_engine import SGLangServerConfig, ServerProcess
@@ -152,6 +163,8 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1 (with no generated token nothing is compared), "
                          f"got {max_new_tokens}")
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
     if engine not in ("embedded", "sglang"):
         raise ValueError(f"--engine {engine!r}: use 'embedded' or 'sglang'")
     work = workdir or tempfile.mkdtemp(prefix="check-sync-")
@@ -185,7 +198,7 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
         result_path = os.path.join(work, "result.json")
         a = CheckArgs(tp=tp, pp=pp, hf_dir=hf_dir, engine_url=engine_url, transport=transport, dtype=dtype,
                       prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, result_path=result_path,
-                      sglang_native=(engine == "sglang"))
+                      sglang_native=(engine == "sglang"), samples=samples)
         spawn(_rank_main, tp * pp, a)
         with open(result_path) as f:
             return json.load(f)
@@ -211,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--tolerance", type=float, default=None, help="default: 1e-3 (float32), 5e-2 (bfloat16)")
     p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--samples", type=int, default=1, help="sequences sampled concurrently and compared")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
@@ -221,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_check(tp=args.tp, pp=args.pp, model=args.model, arch=args.arch, engine=args.engine,
                            transport=args.transport,
                            dtype=args.dtype, engine_url=args.engine_url, max_new_tokens=args.max_new_tokens,
-                           seed=args.seed, engine_device=args.engine_device)
+                           seed=args.seed, engine_device=args.engine_device, samples=args.samples)
     except (ValueError, ServerLaunchError) as e:  # bad input found before the ranks start; the engine's log tail
         return _fail(str(e), args.json)
     except Exception as e:  # noqa: BLE001 - a rank or the engine failed: the last line says why, the log says where

@@ -311,7 +311,8 @@ def _raise_if_any(msg: str) -> None:
 
 
 def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> list[str]:
-    """Copy the HF config/tokenizer/generation files that exist in `src_dir`; returns their names."""
+    """Copy the HF config/tokenizer/generation files that exist in `src_dir`, and the tensors of its checkpoint
+    the Megatron model does not hold (`megatron_rl.bridge.hf_dir.save_passthrough`); returns their names."""
     src, dst = Path(src_dir), Path(dst_dir)
     dst.mkdir(parents=True, exist_ok=True)
     copied = []
@@ -319,6 +320,11 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
             copied.append(name)
+    if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
+        from megatron_rl.bridge.hf_dir import PASSTHROUGH_FILE, save_passthrough
+
+        if save_passthrough(src, dst):  # tensors the model does not hold (a vision tower), for the export
+            copied.append(PASSTHROUGH_FILE)
     return copied
 
 

@@ -167,18 +167,23 @@ def offload_to_cpu(model: list, optimizer) -> None:
 
     Moves DDP param/grad buffers (megatron's ``offload_to_cpu`` on each buffer; params live in
     the buffers under the distributed optimizer, otherwise they move one by one) and the
-    optimizer's fp32 main params and Adam moments (``MegatronOptimizer.offload_to_cpu``).
-    A no-op without CUDA.
+    optimizer's fp32 main params and Adam moments. A no-op without CUDA.
+
+    Why not ``MegatronOptimizer.offload_to_cpu``: for a parameter the model itself holds in fp32 (GDN's
+    ``A_log``), the distributed optimizer's main param is a view into the DDP param buffer; megatron's own
+    offload would copy that view out (after the buffer has given up its storage, or leaving the view
+    detached from the model on restore). Those views travel with their buffer here instead.
     """
     if not torch.cuda.is_available():
         return
     torch.cuda.synchronize()
+    in_buffers = _buffer_storages(model)
+    _move_optimizer_state(optimizer, torch.device("cpu"), skip=in_buffers)
     for buf in _buffers(model):
         buf.offload_to_cpu(move_params=buf.param_data is not None, move_grads=True)
         if buf.param_data is None:
             for p in buf.params:
                 p.data = p.data.to("cpu")
-    optimizer.offload_to_cpu()
     torch.cuda.empty_cache()
 
 
@@ -191,8 +196,28 @@ def restore_from_cpu(model: list, optimizer) -> None:
         if buf.param_data is None:
             for p in buf.params:
                 p.data = p.data.to(device)
-    optimizer.restore_from_cpu()
+    _move_optimizer_state(optimizer, device, skip=_buffer_storages(model))
     torch.cuda.synchronize()
+
+
+def _buffer_storages(model: list) -> set[int]:
+    return {buf.param_data.untyped_storage().data_ptr() for buf in _buffers(model) if buf.param_data is not None}
+
+
+def _move_optimizer_state(optimizer, device: torch.device, skip: set[int]) -> None:
+    """Main params (except views into the storages in `skip`) and optimizer state tensors to `device`."""
+    for megatron_opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(megatron_opt, "optimizer", None)
+        if inner is None or getattr(megatron_opt, "is_stub_optimizer", False):
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p.device != device and p.untyped_storage().data_ptr() not in skip:
+                    p.data = p.data.to(device)
+        for state in inner.state.values():
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.device != device:
+                    state[k] = v.to(device)
 
 
 def _buffers(model: list):

@@ -69,3 +69,39 @@ def check_hf_input(hf_dir: str, par):
             raise HFCheckpointError(f"{state.file_of(dup)}: {dup!r} differs from {orig!r}, but config.json "
                                     f"ties them (tie_word_embeddings=true)")
     return cfg, bridge, state
+
+
+#: file in a checkpoint's HF assets holding the HF tensors the Megatron model does not hold (a vision tower,
+#: an MTP head), byte for byte, so an export reproduces the checkpoint's layout
+PASSTHROUGH_FILE = "passthrough.safetensors"
+
+
+def save_passthrough(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> list[str]:
+    """Copy `hf_dir`'s passthrough tensors (`Bridge.passthrough_hf_names`) into ``dst_dir/PASSTHROUGH_FILE``
+    in their own dtypes; returns their names (none: no file)."""
+    from safetensors.torch import save_file
+
+    cfg = load_hf_config(hf_dir)
+    state = LazyHFState(hf_dir)
+    names = get_bridge(cfg).passthrough_hf_names(list(state.keys()))
+    if not names:
+        return []
+    dst = Path(dst_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    tmp = dst / (PASSTHROUGH_FILE + ".tmp")
+    save_file({n: state.read(n).contiguous() for n in names}, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, dst / PASSTHROUGH_FILE)
+    return names
+
+
+def load_passthrough(assets_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors `save_passthrough` wrote into `assets_dir` (empty when it wrote none)."""
+    from safetensors.torch import load_file
+
+    path = Path(assets_dir) / PASSTHROUGH_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise HFCheckpointError(f"{path}: unreadable ({type(e).__name__}: {e})") from None

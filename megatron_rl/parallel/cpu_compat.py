@@ -20,6 +20,7 @@ on CPU (Inductor would compile C++ for every new shape).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 
 import torch
@@ -162,6 +163,7 @@ def gdn_causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=No
     With ``cu_seqlens`` (B == 1) every packed sequence starts from zero history, as it would alone."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn
 
+    causal_conv1d_fn = inspect.unwrap(causal_conv1d_fn)  # the torch path, never an installed kernel
     if residual is not None or initial_state is not None or output_final_state:
         raise NotImplementedError("CPU causal_conv1d: residual / initial_state / output_final_state "
                                   "are not used by training and not implemented")
@@ -186,6 +188,7 @@ def gdn_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     Packed sequences (``cu_seqlens``, B == 1) each start from a zero (or their own initial) state."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
+    torch_chunk_gated_delta_rule = inspect.unwrap(torch_chunk_gated_delta_rule)  # never fla, even where installed
     if scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
         raise NotImplementedError(f"CPU chunk_gated_delta_rule: only scale = head_dim**-0.5, got {scale}")
     if cu_seqlens is not None and q.shape[0] != 1:

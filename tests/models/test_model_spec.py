@@ -42,3 +42,62 @@ def test_vocab_padding():
     assert padded_vocab_size(250, 2) == 256
     assert padded_vocab_size(151936, 8) == 152576
     assert padded_vocab_size(256, 2) == 256
+
+
+# ----- the Qwen3.5 hybrid -------------------------------------------------------------------------
+
+def hybrid(**kw):
+    from tests.bridge.tiny_qwen3_5 import tiny_config
+
+    return tiny_config(**kw)
+
+
+def test_hybrid_spec_maps_the_hf_fields():
+    from megatron_rl.models import BuildOptions
+    from megatron_rl.models.qwen3_5 import spec as q35
+
+    cfg = hybrid(layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+    spec_for(cfg).validate(cfg, ParallelSizes(2, 2))
+    tc = q35.transformer_config(cfg, ParallelSizes(), BuildOptions(use_cpu_initialization=True))
+    assert tc.experimental_attention_variant == "gated_delta_net"
+    assert tc.linear_attention_freq == [1, 0, 1, 1]   # any pattern layer_types can say, not only every 4th
+    assert (tc.linear_num_key_heads, tc.linear_num_value_heads, tc.linear_key_head_dim,
+            tc.linear_value_head_dim, tc.linear_conv_kernel_dim) == (2, 4, 8, 12, 4)
+    assert tc.attention_output_gate and tc.layernorm_zero_centered_gamma and tc.qk_layernorm
+    kw = q35.gpt_model_kwargs(cfg, ParallelSizes(), BuildOptions())
+    assert kw["rotary_percent"] == 0.25 and kw["rotary_base"] == 1e7 and kw["vocab_size"] == 256
+
+
+@pytest.mark.parametrize("kw,par,field", [
+    (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
+     ParallelSizes(), "sliding_attention"),
+    (dict(rope={"partial_rotary_factor": 0.3}), ParallelSizes(), "partial_rotary_factor"),
+    (dict(value_heads=3), ParallelSizes(), "linear_num_value_heads=3 is not a multiple"),
+    (dict(key_heads=2, value_heads=4), ParallelSizes(tp=4), "linear_num_key_heads=2 is not divisible by tp=4"),
+    (dict(layers=6), ParallelSizes(pp=4), "num_hidden_layers=6"),
+    (dict(hidden_act="gelu"), ParallelSizes(), "hidden_act"),
+])
+def test_hybrid_mismatch_names_field(kw, par, field):
+    cfg = hybrid(**kw)
+    with pytest.raises(ConfigMismatchError, match=field):
+        spec_for(cfg).validate(cfg, par)
+
+
+def test_hybrid_needs_fla_on_a_gpu(monkeypatch):
+    from megatron.core.ssm.gated_delta_net import common
+
+    from megatron_rl.models.qwen3_5.spec import FLA_REQUIREMENT, _require_fla
+
+    monkeypatch.setattr(common, "HAVE_FLA", False)
+    with pytest.raises(ImportError, match=FLA_REQUIREMENT.replace(".", r"\.")):
+        _require_fla()
+
+
+def test_tiny_model_config_builds_both_architectures():
+    from megatron_rl.config import TinyModelConfig
+
+    hyb = TinyModelConfig(num_layers=8).hf_config(300)
+    assert hyb.model_type == "qwen3_5_text" and hyb.layer_types.count("full_attention") == 2
+    assert TinyModelConfig(arch="qwen3").hf_config(300).model_type == "qwen3"
+    with pytest.raises(ValueError, match="model.tiny.arch"):
+        TinyModelConfig(arch="llama").hf_config(300)

@@ -31,9 +31,12 @@ from ..spec import BuildOptions, ConfigMismatchError, ParallelSizes, padded_voca
 LINEAR, FULL = "linear_attention", "full_attention"
 GDN_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
              "linear_conv_kernel_dim")
-#: pip requirement for the GDN kernels on a GPU (megatron-core 0.19 imports fla.modules.convolution,
-#: which fla-core 0.6 moved)
-FLA_REQUIREMENT = "fla-core==0.5.2"
+#: pip requirement for the GDN kernels on a GPU. megatron-core 0.19 imports ``fla.modules.convolution``, which
+#: fla-core 0.6 moved. fla-core 0.5.x refuses the gated backward on Hopper with Triton < 3.7.1 (fla issue #640,
+#: a Triton miscompilation of ``chunk_bwd_dqkwg`` with BK=64 tiles); 0.4.2 tiles Qwen3.5's 128-wide heads at
+#: BK=128 on Hopper, outside the miscompiled case. tests/models/test_qwen3_5_gpu.py checks its forward and
+#: every gradient against the torch reference on the GPU.
+FLA_REQUIREMENT = "fla-core==0.4.2"
 
 
 def text_config(hf):
