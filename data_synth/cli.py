@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timing-trials", type=int, default=None)
     s.add_argument("--trials", type=int, default=None)
     s.add_argument("--size-profile", default=None, help="verify at this manifest size profile (e.g. gpu)")
+    s.add_argument("--precision", default="auto",
+                   help="auto (each task at its manifest dtype) or float32 | float16 | bfloat16")
     return ap
 
 
@@ -235,7 +237,7 @@ def cmd_distill(args: argparse.Namespace) -> dict[str, Any]:
                         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                         concurrency=args.concurrency, seed=args.seed, keep=args.keep, cache_dir=args.cache,
                         compile_workers=args.compile_workers, timing_trials=args.timing_trials,
-                        trials=args.trials, size_profile=args.size_profile)
+                        trials=args.trials, size_profile=args.size_profile, precision=args.precision)
     summary = distill(read_task_set(args.tasks), args.out, cfg, verdicts_path=args.verdicts,
                       progress=not args.no_progress)
     return summary.to_dict()

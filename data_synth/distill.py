@@ -32,7 +32,7 @@ from megatron_rl.rollout.client import EngineClient, EngineError
 from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, feedback_text, initial_messages
 from megatron_rl.rollout.protocol import SamplingParams
 from megatron_rl.tokenizer import load_tokenizer
-from verifier.config import VerifierConfig
+from verifier.config import PRECISIONS, VerifierConfig
 from verifier.farm import FarmConfig, VerifierFarm
 from verifier.samples import ResultsWriter
 from verifier.types import Category, VerifyResult
@@ -72,6 +72,7 @@ class DistillConfig:
     timing_trials: int | None = None
     trials: int | None = None
     size_profile: str | None = None
+    precision: str = "auto"            # auto: each task at its manifest dtype; or float32 | float16 | bfloat16
     request_timeout_s: float = 1800.0
     infra_retries: int = 2
     verifier: dict[str, Any] = dataclasses.field(default_factory=dict)   # extra VerifierConfig fields
@@ -81,6 +82,8 @@ class DistillConfig:
             raise DataSynthError("give exactly one teacher: --endpoint URL or --offline")
         if self.api not in ("auto", "sglang", "openai"):
             raise DataSynthError(f"--api must be auto, sglang or openai, got {self.api!r}")
+        if self.precision != "auto" and self.precision not in PRECISIONS:
+            raise DataSynthError(f"--precision must be auto or one of {PRECISIONS}, got {self.precision!r}")
         if self.keep not in ("pass", "all"):
             raise DataSynthError(f"--keep must be pass or all, got {self.keep!r}")
         for name in ("samples", "turns", "concurrency", "max_new_tokens"):
@@ -91,8 +94,14 @@ class DistillConfig:
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise DataSynthError(f"--endpoint {self.endpoint!r} is not an http(s) URL")
 
-    def verifier_config(self) -> VerifierConfig:
-        kw: dict[str, Any] = {"backend": self.backend}
+    def precision_of(self, task: GeneratedTask) -> str:
+        if self.precision != "auto":
+            return self.precision
+        p = (task.precisions or ["float32"])[0]
+        return p if p in PRECISIONS else "float32"
+
+    def verifier_config(self, precision: str = "float32") -> VerifierConfig:
+        kw: dict[str, Any] = {"backend": self.backend, "precision": precision}
         if self.trials is not None:
             kw["num_correct_trials"] = self.trials
         if self.timing_trials is not None:
@@ -341,27 +350,37 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
     if missing:
         raise DataSynthError(f"tasks must be on disk (write the task set first): {', '.join(missing[:5])}")
     t0 = time.time()
-    vcfg = cfg.verifier_config()
+    groups: dict[str, list[GeneratedTask]] = {}
+    for t in tasks:
+        groups.setdefault(cfg.precision_of(t), []).append(t)
+    vcfgs = {p: cfg.verifier_config(p) for p in groups}
     summary = DistillSummary(out=out, teacher="offline" if cfg.offline else str(cfg.endpoint), tasks=len(tasks))
 
     async def main() -> tuple[_Teacher, list[dict[str, Any]]]:
         teacher = OfflineTeacher(cfg.backend) if cfg.offline else await connect(cfg)
-        try:
-            farm = VerifierFarm(vcfg, farm_config or FarmConfig(compile_workers=cfg.compile_workers,
-                                                                size_profile=cfg.size_profile))
-        except (RuntimeError, ValueError, ImportError) as e:
-            await teacher.close()
-            raise RuntimeError(f"cannot start the verifier farm: {e}") from e
         writer = ResultsWriter(out)
         finished = False
+        rows: list[dict[str, Any]] = []
         try:
-            rows = await _run(tasks, teacher, farm, cfg, writer, summary, progress)
+            for precision, group in groups.items():   # the farm verifies at one precision: one farm per dtype
+                try:
+                    farm = VerifierFarm(vcfgs[precision], farm_config or FarmConfig(
+                        compile_workers=cfg.compile_workers, size_profile=cfg.size_profile))
+                except (RuntimeError, ValueError, ImportError) as e:
+                    raise RuntimeError(f"cannot start the verifier farm: {e}") from e
+                done = False
+                try:
+                    rows += await _run(group, teacher, farm, cfg, writer, summary, progress)
+                    done = True
+                finally:
+                    farm.close(drain=done)
             finished = True
         finally:
-            farm.close(drain=finished)
             await teacher.close()
             if not finished:
                 writer.close()
+        order = {t.task_id: i for i, t in enumerate(tasks)}
+        rows.sort(key=lambda r: (order[r["task_id"]], r["sample_id"]))
         kept = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows
                 if cfg.keep == "all" or r["passed"]]
         writer.finish(kept)

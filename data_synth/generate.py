@@ -15,6 +15,7 @@ extends a shorter one. Family sampling weights come from ``data_synth.diagnose``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from typing import Any, Sequence
 
@@ -318,9 +319,18 @@ def generate_candidate(cfg: GenConfig, index: int, max_attempts: int = 64) -> Ge
                          f"the family/op restrictions may leave nothing to compose")
 
 
+@functools.cache
+def template_families() -> dict[str, tuple[str, ...]]:
+    """The families each stage-3 template declares (rendered once with throwaway sizes)."""
+    return {name: tuple(fn(random.Random(0), SizeSampler(random.Random(0)), "float32").families)
+            for name, fn in TEMPLATES.items()}
+
+
 def _from_template(rng: random.Random, cfg: GenConfig, sizes: SizeSampler, index: int) -> GeneratedTask:
     names = list(cfg.templates or TEMPLATES)
-    tmpl_name = rng.choice(names)
+    fams = template_families()
+    weight = {n: sum(cfg.family_weight(f) for f in fams[n]) / len(fams[n]) for n in names}
+    tmpl_name = weighted_choice(rng, names, weight.__getitem__)
     dtype = rng.choices(list(cfg.dtypes), weights=list(cfg.dtypes.values()), k=1)[0]
     t = TEMPLATES[tmpl_name](rng, sizes, dtype)
     if cfg.families is not None and not set(t.families) & set(cfg.families):

@@ -24,8 +24,8 @@ import textwrap
 from typing import Any
 
 from .generate import GeneratedTask
-from .ir import Graph, Node, Ref
-from .ops import Binary, DimOp, L2Normalize, LastDimNorm, Linear, Loss, Matmul, Reduce, Scan, Softmax, Unary, get_op
+from .ir import Node, Ref
+from .ops import Binary, L2Normalize, LastDimNorm, Linear, Loss, Matmul, Reduce, Scan, Softmax, Unary, get_op
 
 BACKENDS = ("cpu", "cuda")
 _DISPATCH = "AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16"
@@ -710,7 +710,8 @@ def offline_answer(task: GeneratedTask, backend: str = "cpu") -> TeacherAnswer:
 # ------------------------------------------------------------------------------------------ cuda
 
 _CUDA_HEAD = """#include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cmath>
@@ -756,7 +757,7 @@ class _CudaGen(_Gen):
     def _launch_cfg(self, n: str) -> list[str]:
         return [f"        const int threads = 256;",
                 f"        const int blocks = static_cast<int>(std::min<int64_t>(({n} + threads - 1) / threads, 65535));",
-                "        auto stream = at::cuda::getCurrentCUDAStream();"]
+                "        auto stream = c10::cuda::getCurrentCUDAStream();"]
 
     def _elementwise_loop(self, m, out, extras, steps, tag):
         params = "".join(f", const scalar_t* __restrict__ {p}" for _, p in extras)
@@ -866,7 +867,7 @@ __global__ void reduce_{kind}_rows(const scalar_t* __restrict__ src, out_t* __re
 
     def _reduce_launch(self, kind, inp, out, sp, out_t):
         rows = kind not in ("argmax", "argmin")
-        lines = ["        auto stream = at::cuda::getCurrentCUDAStream();"]
+        lines = ["        auto stream = c10::cuda::getCurrentCUDAStream();"]
         if rows:
             lines += [f"        if ({sp}.inner == 1) {{",
                       f"            reduce_{kind}_rows<scalar_t, {out_t}><<<{sp}.outer, 256, 0, stream>>>("
@@ -934,7 +935,7 @@ __global__ void rowwise_{kind}_cols(const scalar_t* __restrict__ src, scalar_t* 
 """
 
     def _rowwise_launch(self, kind, inp, out, sp):
-        return ["        auto stream = at::cuda::getCurrentCUDAStream();",
+        return ["        auto stream = c10::cuda::getCurrentCUDAStream();",
                 f"        if ({sp}.inner == 1) {{",
                 f"            rowwise_{kind}_rows<scalar_t><<<{sp}.outer, 256, 0, stream>>>({inp}.data_ptr<scalar_t>(), "
                 f"{out}.data_ptr<scalar_t>(), {sp}.R);",
@@ -968,7 +969,7 @@ __global__ void scan_{kind}(const scalar_t* __restrict__ src, scalar_t* __restri
 """
 
     def _scan_launch(self, kind, inp, out, sp):
-        return ["        auto stream = at::cuda::getCurrentCUDAStream();",
+        return ["        auto stream = c10::cuda::getCurrentCUDAStream();",
                 f"        const int64_t total = {sp}.outer * {sp}.inner;",
                 "        const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 65535));",
                 f"        scan_{kind}<scalar_t><<<blocks, 256, 0, stream>>>({inp}.data_ptr<scalar_t>(), "
@@ -1007,7 +1008,7 @@ __global__ void norm_{op}(const scalar_t* __restrict__ src, scalar_t* __restrict
 
     def _norm_launch(self, op, inp, out, D, w, b, eps):
         bp = f"{b}.data_ptr<scalar_t>()" if b else "nullptr"
-        return ["        auto stream = at::cuda::getCurrentCUDAStream();",
+        return ["        auto stream = c10::cuda::getCurrentCUDAStream();",
                 f"        norm_{op}<scalar_t><<<{inp}.numel() / {D}, 256, 0, stream>>>({inp}.data_ptr<scalar_t>(), "
                 f"{out}.data_ptr<scalar_t>(), {w}.data_ptr<scalar_t>(), {bp}, {D}, {eps});",
                 "        C10_CUDA_KERNEL_LAUNCH_CHECK();"]
@@ -1050,7 +1051,7 @@ __global__ void gemm_tiled(const scalar_t* __restrict__ A, const scalar_t* __res
 
     def _linear_launch(self, inp, out, w, b, M, N, K):
         bp = f"{b}.data_ptr<scalar_t>()" if b else "nullptr"
-        return ["        auto stream = at::cuda::getCurrentCUDAStream();",
+        return ["        auto stream = c10::cuda::getCurrentCUDAStream();",
                 f"        dim3 block(16, 16), grid(({N} + 15) / 16, ({M} + 15) / 16, 1);",
                 f"        gemm_tiled<scalar_t><<<grid, block, 0, stream>>>({inp}.data_ptr<scalar_t>(), {w}.data_ptr<scalar_t>(), "
                 f"{bp}, {out}.data_ptr<scalar_t>(), {M}, {N}, {K}, true, 0, 0);",
@@ -1060,7 +1061,7 @@ __global__ void gemm_tiled(const scalar_t* __restrict__ A, const scalar_t* __res
         return self._GEMM
 
     def _matmul_launch(self, a, b, out, batch, M, N, K, tb):
-        return ["        auto stream = at::cuda::getCurrentCUDAStream();",
+        return ["        auto stream = c10::cuda::getCurrentCUDAStream();",
                 f"        dim3 block(16, 16), grid(({N} + 15) / 16, ({M} + 15) / 16, {batch});",
                 f"        gemm_tiled<scalar_t><<<grid, block, 0, stream>>>({a}.data_ptr<scalar_t>(), {b}.data_ptr<scalar_t>(), "
                 f"nullptr, {out}.data_ptr<scalar_t>(), {M}, {N}, {K}, {tb}, {M} * {K}, {K} * {N});",
@@ -1097,7 +1098,7 @@ __global__ void loss_{op}_final(const float* partial, int nparts, scalar_t* out,
 """
 
     def _loss_launch(self, op, a, b, out):
-        return ["        auto stream = at::cuda::getCurrentCUDAStream();",
+        return ["        auto stream = c10::cuda::getCurrentCUDAStream();",
                 f"        const int64_t n = {a}.numel();",
                 "        const int parts = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));",
                 f"        auto partial = torch::empty({{parts}}, {a}.options().dtype(torch::kFloat));",
