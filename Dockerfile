@@ -38,7 +38,7 @@ WORKDIR /opt/musacoder-rl
 COPY requirements.lock requirements-cluster.lock ./
 COPY docker/install_lock.py docker/
 RUN python docker/install_lock.py --lock requirements-cluster.lock \
-        --extra "fla-core==0.6.0" --extra "einops==0.8.2" \
+        --extra "fla-core==0.4.2" --extra "einops==0.8.2" \
  && python -c "import megatron.core, transformers, ray, fla; print('imports ok')"
 
 COPY . .

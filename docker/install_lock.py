@@ -1,6 +1,6 @@
 """Install a lock file on top of a base image that already ships torch (NGC PyTorch, Moore Threads' musa-pytorch).
 
-    python docker/install_lock.py --lock requirements-cluster.lock [--extra 'fla-core==0.6.0' ...]
+    python docker/install_lock.py --lock requirements-cluster.lock [--extra 'fla-core==0.4.2' ...]
                                   [--constraint /etc/pip/constraint.txt] [--torch-minor 2.11 | --any-torch]
                                   [--plan-only]
 

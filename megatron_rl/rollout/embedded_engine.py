@@ -454,7 +454,9 @@ class EmbeddedEngine:
                 if not keep:
                     return
                 idx = torch.tensor(keep, device=dev)
-                cache.batch_select_indices(idx)
+                # reorder_cache selects along the batch in every kind of cache layer, the GDN layers' conv and
+                # recurrent states included (batch_select_indices only knows attention K/V)
+                cache.reorder_cache(idx)
                 mask, step_ids, step_pos = mask[idx], step_ids[idx], step_pos[idx]
                 active = [active[i] for i in keep]
             with self._model_lock:

@@ -30,15 +30,15 @@ def test_hybrid_batched_decode_matches_full_forward():
     client = EngineClient(server.url)
     try:
         async def go():
-            return await asyncio.gather(*[
-                client.generate(p, SamplingParams(temperature=1.0, max_new_tokens=10, seed=7 + i))
+            return await asyncio.gather(*[  # different lengths: requests leave the batch at different steps
+                client.generate(p, SamplingParams(temperature=1.0, max_new_tokens=4 + 3 * i, seed=7 + i))
                 for i, p in enumerate(PROMPTS)])
 
         results = run(go(), client)
     finally:
         server.stop()
-    for p, r in zip(PROMPTS, results):
-        assert r.finish_reason == "length" and len(r.token_ids) == 10
+    for i, (p, r) in enumerate(zip(PROMPTS, results)):
+        assert r.finish_reason == "length" and len(r.token_ids) == 4 + 3 * i
         ref = reference_logprobs(model, p, r.token_ids, 1.0)
         # decode runs GDN's token-by-token recurrence, the reference its chunked form: fp32 rounding of two
         # algorithms (7e-5 seen on the 12-token prompt, with no padding at all); a layout or padding bug is O(1)
