@@ -46,10 +46,12 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class TinyModelConfig:
-    """A random Qwen3-architecture model built at start when `model.path` is unset."""
+    """A random model built at start when `model.path` is unset: the Qwen3.5 hybrid (`arch: qwen3_5`, Gated
+    DeltaNet layers with a gated-attention layer every `full_attention_interval`-th) or dense Qwen3."""
 
+    arch: str = "qwen3_5"                  # qwen3_5 (hybrid) | qwen3 (dense)
     hidden_size: int = 64
-    num_layers: int = 2
+    num_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 16
@@ -58,17 +60,36 @@ class TinyModelConfig:
     init_seed: int = 0
     vocab_size: int | None = None  # None: the tokenizer's vocabulary
     max_position_embeddings: int = 32768
+    # Gated DeltaNet (qwen3_5 only)
+    full_attention_interval: int = 4
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 16
+    linear_value_head_dim: int = 16
+    linear_conv_kernel_dim: int = 4
 
     def hf_config(self, vocab_size: int):
-        """The Qwen3Config of this model; `validate` checks it at the actor's TP/PP before it is built."""
-        from transformers import Qwen3Config
+        """The HF config of this model; `validate` checks it at the actor's TP/PP before it is built."""
+        from transformers import Qwen3_5TextConfig, Qwen3Config
 
-        return Qwen3Config(
+        common = dict(
             vocab_size=vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-            tie_word_embeddings=self.tie_word_embeddings, max_position_embeddings=self.max_position_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+            tie_word_embeddings=self.tie_word_embeddings, max_position_embeddings=self.max_position_embeddings)
+        if self.arch == "qwen3":
+            return Qwen3Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+        if self.arch != "qwen3_5":
+            raise ValueError(f"model.tiny.arch={self.arch!r}: use qwen3_5 (the hybrid) or qwen3 (dense)")
+        if self.full_attention_interval < 1:
+            raise ValueError(f"model.tiny.full_attention_interval={self.full_attention_interval} must be >= 1")
+        layer_types = ["full_attention" if (i + 1) % self.full_attention_interval == 0 else "linear_attention"
+                       for i in range(self.num_layers)]
+        return Qwen3_5TextConfig(
+            **common, layer_types=layer_types, linear_num_key_heads=self.linear_num_key_heads,
+            linear_num_value_heads=self.linear_num_value_heads, linear_key_head_dim=self.linear_key_head_dim,
+            linear_value_head_dim=self.linear_value_head_dim, linear_conv_kernel_dim=self.linear_conv_kernel_dim,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25})
 
 
 @dataclasses.dataclass
@@ -443,6 +464,13 @@ def validate(cfg: RLConfig) -> None:
         except (ConfigMismatchError, ValueError, TypeError) as e:
             problems.append(f"model.tiny: the tiny model cannot be built at {par}: {e}")
             hf = None
+    if hf is not None:
+        from megatron_rl.models import spec_for, text_config
+
+        need(not (a.attention_backend == "local" and spec_for(hf).needs_thd_packing),
+             f"actor.attention_backend=local packs samples with a block mask, which cannot keep them apart in "
+             f"{where}'s recurrent (Gated DeltaNet) layers: use sdpa, te or auto")
+        hf = text_config(hf)  # vocab and context of the language model (a multimodal config holds them inside)
     if cfg.model.tokenizer == "auto":
         cfg.model.tokenizer = cfg.model.path if cfg.model.path else "qwen3-offline"
     if cfg.model.tokenizer != "qwen3-offline":

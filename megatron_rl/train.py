@@ -38,8 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def prepare_model(cfg) -> tuple[str, str]:
     """The HF model dir and tokenizer dir every role loads. The environment's own tokenizer (the toy's)
-    wins over the model's. A missing `model.path` means a tiny random Qwen3-architecture model, built once
-    per run dir (deterministic from `model.tiny.init_seed`)."""
+    wins over the model's. A missing `model.path` means a tiny random model of `model.tiny.arch` (the Qwen3.5
+    hybrid by default), built once per run dir (deterministic from `model.tiny.init_seed`)."""
     from megatron_rl.fsutil import publish_dir
     from megatron_rl.rollout.environment import environment_class
 
@@ -62,7 +62,7 @@ def prepare_model(cfg) -> tuple[str, str]:
     model_dir = run_dir / "model"
     if not (model_dir / "config.json").is_file():
         import torch
-        from transformers import AutoTokenizer, Qwen3ForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         t = cfg.model.tiny
         hf_cfg = t.hf_config(t.vocab_size or len(AutoTokenizer.from_pretrained(tokenizer_path)))
@@ -70,7 +70,7 @@ def prepare_model(cfg) -> tuple[str, str]:
         gpu = torch.cuda.is_available() and cfg.cluster.use_gpu is not False
         dtype = torch.bfloat16 if cfg.actor.params_dtype == "bfloat16" else torch.float32
         with torch.device("cuda" if gpu else "cpu"):  # an 8B random init takes minutes on the host
-            model = Qwen3ForCausalLM(hf_cfg).to(dtype)
+            model = AutoModelForCausalLM.from_config(hf_cfg).to(dtype)
         publish_dir(lambda d: model.save_pretrained(d, safe_serialization=True), model_dir)
         del model
     return str(model_dir), tokenizer_path

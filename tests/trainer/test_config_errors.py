@@ -68,14 +68,17 @@ def test_every_bad_key_is_reported_at_once():
 
 @pytest.mark.parametrize("overrides,needle", [
     (["actor.tp=3", "cluster.actor_world_size=3"], "num_attention_heads=4 is not divisible by tp=3"),
-    (["actor.pp=4", "cluster.actor_world_size=4"], "num_hidden_layers=2 is not divisible by pp=4"),
+    (["actor.pp=3", "cluster.actor_world_size=3"], "num_hidden_layers=4 is not divisible by pp=3"),
+    (["actor.tp=4", "cluster.actor_world_size=4", "model.tiny.num_attention_heads=8",
+      "model.tiny.num_key_value_heads=4"], "linear_num_key_heads=2 is not divisible by tp=4"),
+    (["actor.attention_backend=local"], "cannot keep them apart"),
     (["actor.tp=2", "cluster.actor_world_size=2", "model.tiny.intermediate_size=127"],
      "intermediate_size=127 is not divisible by tp=2"),
     (["model.tiny.head_dim=15"], "head_dim=15: RoPE needs an even head_dim"),
 ])
 def test_a_tiny_model_the_actor_cannot_shard_names_the_field(overrides, needle):
     problems = _problems(overrides)
-    assert any(p.startswith("model.tiny") and needle in p for p in problems), problems
+    assert any(p.startswith(("model.tiny", "actor.attention_backend")) and needle in p for p in problems), problems
 
 
 @pytest.fixture(scope="module")
