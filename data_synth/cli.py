@@ -69,9 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m data_synth", description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--log-level", default="warning")
+    # the same options after the subcommand (SUPPRESS: an absent one does not reset the value given before it)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS, help="no progress bars")
+    common.add_argument("--log-level", default=argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate a KernelBench-format task set")
+    g = sub.add_parser("generate", parents=[common], help="generate a KernelBench-format task set")
     g.add_argument("--stage", type=int, default=1, choices=(1, 2, 3))
     g.add_argument("--n", type=int, required=True, help="tasks to accept")
     g.add_argument("--seed", type=int, default=0)
@@ -92,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_validation(g)
     _add_refs(g)
 
-    v = sub.add_parser("validate", help="run every reference of a task set and report the ones that fail")
+    v = sub.add_parser("validate", parents=[common],
+                       help="run every reference of a task set and report the ones that fail")
     v.add_argument("--tasks", required=True)
     v.add_argument("--report", default=None, metavar="REPORT.jsonl", help="one row per task")
     v.add_argument("--out", default=None, metavar="DIR", help="write the valid tasks as a new task set")
@@ -100,14 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=1234)
     _add_validation(v)
 
-    d = sub.add_parser("decontaminate", help="drop tasks that repeat KernelBench (or another set)")
+    d = sub.add_parser("decontaminate", parents=[common],
+                       help="drop tasks that repeat KernelBench (or another set)")
     d.add_argument("--tasks", required=True)
     d.add_argument("--report", default=None, metavar="REPORT.jsonl", help="one row per task, with the reason")
     d.add_argument("--out", default=None, metavar="DIR", help="write the kept tasks as a new task set")
     d.add_argument("--force", action="store_true")
     _add_refs(d)
 
-    q = sub.add_parser("diagnose", help="per-family failure rates of an evaluation -> resampling weights")
+    q = sub.add_parser("diagnose", parents=[common],
+                       help="per-family failure rates of an evaluation -> resampling weights")
     q.add_argument("--results", required=True, nargs="+", metavar="RESULTS.jsonl",
                    help="verdict rows (python -m verifier eval --out, or distill's --verdicts)")
     q.add_argument("--tasks", required=True, nargs="+", help="the task set(s) the results refer to")
@@ -118,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-profile", action="store_true",
                    help="take families from the manifest instead of profiling each reference")
 
-    s = sub.add_parser("distill", help="teacher responses, verified, as SFT rows")
+    s = sub.add_parser("distill", parents=[common], help="teacher responses, verified, as SFT rows")
     s.add_argument("--tasks", required=True)
     s.add_argument("--out", required=True, metavar="ROWS.jsonl")
     src = s.add_mutually_exclusive_group(required=True)

@@ -890,7 +890,8 @@ class Cat(Op):
         d = rng.randrange(rank)
         other = list(shape)
         other[d] = Dim(max(2, shape[d].cpu // 2 + 1), max(2, shape[d].gpu // 2 + 3), sizes.names.take("dim_other"))
-        return [InputSpec("x", TensorSpec(tuple(shape), dtype), layout), InputSpec("y", TensorSpec(tuple(other), dtype))]
+        return [InputSpec("x", TensorSpec(tuple(shape), dtype), layout),
+                InputSpec("y", TensorSpec(tuple(other), dtype))]
 
     def infer(self, specs, params):
         a, b = specs

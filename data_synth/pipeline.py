@@ -55,10 +55,14 @@ def references(kernelbench: bool = True, against: Sequence[str] = ()) -> list[Re
 
 def generate_task_set(cfg: GenConfig, *, validation: ValidationConfig | None = None,
                       decontam: Decontaminator | None = None, max_candidates: int | None = None,
-                      progress: bool = True) -> tuple[list[GeneratedTask], list[CandidateRecord]]:
+                      progress: bool = True,
+                      band_margin: float = 2.0) -> tuple[list[GeneratedTask], list[CandidateRecord]]:
     """Accepted tasks (at most ``cfg.n``) and one record per candidate drawn. Candidates are drawn until
-    ``cfg.n`` are accepted or ``max_candidates`` (default ``4n + 20``) were tried."""
+    ``cfg.n`` are accepted or ``max_candidates`` (default ``4n + 20``) were tried. The runtime band is narrowed
+    by ``band_margin`` on both sides, so accepted tasks keep passing ``validate`` under timing noise."""
     decontam = decontam or Decontaminator([])
+    if validation is not None and band_margin != validation.band_margin:
+        validation = dataclasses.replace(validation, band_margin=band_margin)
     limit = max_candidates or cfg.n * 4 + 20
     tasks: list[GeneratedTask] = []
     records: list[CandidateRecord] = []

@@ -241,13 +241,12 @@ def render_module(doc: str, init_args: Sequence[str], init_body: Sequence[str], 
                   inputs: Sequence[InputSpec], extra_imports: Sequence[str] = ()) -> Rendered:
     """KernelBench source for a stage-3 template: its class body is given, the rest is generated."""
     sig = ", ".join(f"{a}: torch.Tensor" for a in forward_args)
-    lines = ["import math" if "math." in "\n".join(forward_body) else "", *extra_imports,
-             "import torch", "import torch.nn as nn", "import torch.nn.functional as F", "", "",
+    imports = (["import math"] if "math." in "\n".join(forward_body) else []) + list(extra_imports)
+    lines = [*imports, "import torch", "import torch.nn as nn", "import torch.nn.functional as F", "", "",
              "class Model(nn.Module):", f'    """{doc}"""', "",
              f"    def __init__(self{', ' + ', '.join(init_args) if init_args else ''}):",
              "        super().__init__()", *[f"        {ln}" for ln in init_body], "",
              f"    def forward(self, {sig}) -> torch.Tensor:", *[f"        {ln}" for ln in forward_body], "", ""]
-    lines = [ln for i, ln in enumerate(lines) if ln or i > 0]
     lines += [f"{d.name} = {d.cpu}" for d in dims if d.name]
     lines += [f"{nm} = {v!r}" for nm, v in scalars]
     lines += ["", "", "def get_inputs():"]
@@ -255,4 +254,4 @@ def render_module(doc: str, init_args: Sequence[str], init_body: Sequence[str], 
     lines += [f"    return [{', '.join(i.name for i in inputs)}]", "", "", "def get_init_inputs():",
               f"    return [{', '.join(init_args)}]", ""]
     sizes = {"cpu": {d.name: d.cpu for d in dims if d.name}, "gpu": {d.name: d.gpu for d in dims if d.name}}
-    return Rendered(source="\n".join(lines).lstrip("\n"), sizes=sizes, init_args=list(init_args), description=doc)
+    return Rendered(source="\n".join(lines), sizes=sizes, init_args=list(init_args), description=doc)

@@ -69,7 +69,8 @@ def attention_block(rng, s, dtype):
                        "self.qkv = nn.Linear(num_heads * head_dim, 3 * num_heads * head_dim)",
                        "self.proj = nn.Linear(num_heads * head_dim, num_heads * head_dim)"],
                       ["x"], ["b, t, _ = x.shape",
-                              "q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)",
+                              "q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim)"
+                              ".permute(2, 0, 3, 1, 4)",
                               f"y = F.scaled_dot_product_attention(q, k, v, is_causal={causal})",
                               "return self.proj(y.transpose(1, 2).reshape(b, t, -1))"],
                       [b, t, nh, hdim, embed], [], [InputSpec("x", TensorSpec((b, t, embed), dtype))])
@@ -136,7 +137,8 @@ def gru_cell(rng, s, dtype):
                                    "hr, hz, hn = self.h2h(h).chunk(3, dim=-1)",
                                    "r = torch.sigmoid(xr + hr)", "z = torch.sigmoid(xz + hz)",
                                    "n = torch.tanh(xn + r * hn)", "return (1 - z) * n + z * h"],
-                      [b, i, h], [], [InputSpec("x", TensorSpec((b, i), dtype)), InputSpec("h", TensorSpec((b, h), dtype))])
+                      [b, i, h], [], [InputSpec("x", TensorSpec((b, i), dtype)),
+                                      InputSpec("h", TensorSpec((b, h), dtype))])
     return Template("GRU_Cell", r, ["gemm", "elementwise"], ["linear", "linear", "sigmoid", "tanh", "mul", "add"])
 
 
@@ -164,7 +166,8 @@ def classifier_head(rng, s, dtype):
     k = s.dim("num_classes", (10, 100), (1000, 4096))
     r = render_module("Classifier head: global average pooling, linear layer, log-softmax.",
                       ["channels", "num_classes"], ["self.fc = nn.Linear(channels, num_classes)"],
-                      ["x"], ["x = F.adaptive_avg_pool2d(x, 1).flatten(1)", "return torch.log_softmax(self.fc(x), dim=1)"],
+                      ["x"], ["x = F.adaptive_avg_pool2d(x, 1).flatten(1)",
+                              "return torch.log_softmax(self.fc(x), dim=1)"],
                       [n, c, hw, w, k], [], [InputSpec("x", TensorSpec((n, c, hw, w), dtype))])
     return Template("Classifier_Head", r, ["pooling", "gemm", "softmax"],
                     ["adaptive_avg_pool2d", "linear", "log_softmax"])

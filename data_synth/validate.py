@@ -56,6 +56,9 @@ class ValidationConfig:
     # Inductor on a CPU first proves each vector ISA by compiling and loading a probe in a fresh interpreter
     # (tens of seconds per process); trusting the CPU's flags skips that, as TORCHINDUCTOR_VEC_ISA_OK=1 does
     trust_cpu_isa: bool = True
+    # the band is narrowed by this factor on both sides; generation uses 2, so a task it accepts stays inside
+    # the plain band when validated again on a machine that is faster or busier
+    band_margin: float = 1.0
     timing_runs: int = 5
     threads: int = 1                   # torch intra-op threads while timing on the cpu (the verifier uses 1)
     seed: int = 1234
@@ -63,6 +66,8 @@ class ValidationConfig:
     def __post_init__(self) -> None:
         if self.profile not in BANDS_MS:
             raise DataSynthError(f"profile must be one of {sorted(BANDS_MS)}, got {self.profile!r}")
+        if self.band_margin < 1.0:
+            raise DataSynthError(f"band margin must be >= 1, got {self.band_margin}")
         if not 0.0 <= self.compile_fraction <= 1.0:
             raise DataSynthError(f"compile fraction must be in [0, 1], got {self.compile_fraction}")
         lo, hi = self.band
@@ -72,7 +77,8 @@ class ValidationConfig:
     @property
     def band(self) -> tuple[float, float]:
         lo, hi = BANDS_MS[self.profile]
-        return (lo if self.min_ms is None else self.min_ms, hi if self.max_ms is None else self.max_ms)
+        lo, hi = (lo if self.min_ms is None else self.min_ms, hi if self.max_ms is None else self.max_ms)
+        return lo * self.band_margin, hi / self.band_margin
 
     def compile_selected(self, task_id: str) -> bool:
         if self.compile_fraction <= 0:

@@ -89,14 +89,16 @@ def test_manifest_carries_prompt_metadata_and_graph(stage_sets):
 
 def test_cli_generate_is_reproducible_and_reports_every_candidate(tmp_path, capsys):
     # validation on; the band is widened so no task sits at its (machine-dependent) edge
-    args = ["--no-progress", "generate", "--stage", "1", "--n", "4", "--seed", "9", "--compile-fraction", "0",
+    args = ["generate", "--no-progress", "--stage", "1", "--n", "4", "--seed", "9", "--compile-fraction", "0",
             "--min-ms", "0.0001", "--max-ms", "5000"]
     assert cli.main(args + ["--out", str(tmp_path / "a")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["accepted"] == 4
     assert cli.main(args + ["--out", str(tmp_path / "b")]) == 0
-    files_a = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "a") for d, _, fs in os.walk(tmp_path / "a") for f in fs)
-    files_b = sorted(os.path.relpath(os.path.join(d, f), tmp_path / "b") for d, _, fs in os.walk(tmp_path / "b") for f in fs)
+    def files(root):
+        return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+    files_a, files_b = files(tmp_path / "a"), files(tmp_path / "b")
     assert files_a == files_b
     for rel in files_a:
         if rel.endswith(".py"):
