@@ -39,6 +39,7 @@ from verifier.types import Category, VerifyResult
 
 from .generate import GeneratedTask
 from .taskset import verifier_task
+from .compact import compact_answer
 from .teacher import Unsupported, offline_answer
 from .util import DataSynthError, atomic_write_jsonl
 
@@ -73,9 +74,11 @@ class DistillConfig:
     trials: int | None = None
     size_profile: str | None = None
     precision: str = "auto"            # auto: each task at its manifest dtype; or float32 | float16 | bfloat16
+    style: str = "full"                # offline teacher: full (data_synth.teacher) | compact (data_synth.compact)
     request_timeout_s: float = 1800.0
     infra_retries: int = 2
     verifier: dict[str, Any] = dataclasses.field(default_factory=dict)   # extra VerifierConfig fields
+    farm: dict[str, Any] = dataclasses.field(default_factory=dict)       # extra FarmConfig fields
 
     def __post_init__(self) -> None:
         if self.offline == (self.endpoint is not None):
@@ -84,6 +87,8 @@ class DistillConfig:
             raise DataSynthError(f"--api must be auto, sglang or openai, got {self.api!r}")
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise DataSynthError(f"--precision must be auto or one of {PRECISIONS}, got {self.precision!r}")
+        if self.style not in ("full", "compact"):
+            raise DataSynthError(f"--style must be full or compact, got {self.style!r}")
         if self.keep not in ("pass", "all"):
             raise DataSynthError(f"--keep must be pass or all, got {self.keep!r}")
         for name in ("samples", "turns", "concurrency", "max_new_tokens"):
@@ -146,17 +151,23 @@ class _Teacher:
 
 
 class OfflineTeacher(_Teacher):
-    """Template kernels: one answer per task; no repair of a failed answer (it would be the same)."""
+    """Template kernels: one answer per task; no repair of a failed answer (it would be the same). ``compact``:
+    the short fixed-template answers of `data_synth.compact` (tiny models, the CPU recipe)."""
 
-    def __init__(self, backend: str):
-        self.backend = backend
-        self.name = f"offline:{backend}"
+    def __init__(self, backend: str, style: str = "full", seed: int = 0):
+        self.backend, self.style, self.seed = backend, style, seed
+        self.name = f"offline:{backend}" + (":compact" if style == "compact" else "")
         self.recipes: dict[str, str] = {}
+
+    def answer(self, task):
+        if self.style == "compact":
+            return compact_answer(task, self.backend, self.seed)
+        return offline_answer(task, self.backend)
 
     async def respond(self, task, messages, seed):
         if len(messages) > 1 + (messages[0]["role"] == "system"):
             return None
-        ans = offline_answer(task, self.backend)
+        ans = self.answer(task)
         self.recipes[task.task_id] = ans.recipe
         return ans.response
 
@@ -313,7 +324,7 @@ async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: Verifier
     for t in tasks:
         if isinstance(teacher, OfflineTeacher):
             try:
-                offline_answer(t, cfg.backend)
+                teacher.answer(t)
             except Unsupported as e:
                 summary.skipped_tasks[t.task_id] = f"offline teacher: {e}"
                 log.warning("skip %s: offline teacher: %s", t.task_id, e)
@@ -357,7 +368,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
     summary = DistillSummary(out=out, teacher="offline" if cfg.offline else str(cfg.endpoint), tasks=len(tasks))
 
     async def main() -> tuple[_Teacher, list[dict[str, Any]]]:
-        teacher = OfflineTeacher(cfg.backend) if cfg.offline else await connect(cfg)
+        teacher = OfflineTeacher(cfg.backend, cfg.style, cfg.seed) if cfg.offline else await connect(cfg)
         writer = ResultsWriter(out)
         finished = False
         rows: list[dict[str, Any]] = []
@@ -365,7 +376,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
             for precision, group in groups.items():   # the farm verifies at one precision: one farm per dtype
                 try:
                     farm = VerifierFarm(vcfgs[precision], farm_config or FarmConfig(
-                        compile_workers=cfg.compile_workers, size_profile=cfg.size_profile))
+                        compile_workers=cfg.compile_workers, size_profile=cfg.size_profile, **cfg.farm))
                 except (RuntimeError, ValueError, ImportError) as e:
                     raise RuntimeError(f"cannot start the verifier farm: {e}") from e
                 done = False
@@ -380,7 +391,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
             if not finished:
                 writer.close()
         order = {t.task_id: i for i, t in enumerate(tasks)}
-        rows.sort(key=lambda r: (order[r["task_id"]], r["sample_id"]))
+        rows.sort(key=lambda r: (order[r["task_id"]], int(r["sample_id"].rsplit("#", 1)[1])))
         kept = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows
                 if cfg.keep == "all" or r["passed"]]
         writer.finish(kept)
