@@ -22,6 +22,7 @@ reply; like the rest of the child's reports they can only make the parent's verd
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -30,6 +31,8 @@ import traceback
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
+
+from verifier.sandbox import OUTPUT_SEALS  # noqa: E402  (stdlib only, like this module until isolation)
 
 _write = os.write  # captured before any candidate code exists
 _ERR_TAIL = 4000
@@ -238,6 +241,32 @@ def run_build(job: dict, chan: Channel) -> None:
     chan.send({"op": "imported", "extensions": client.built, "has_model_new": hasattr(module, "ModelNew")})
 
 
+def _write_safetensors(fd: int, tensors: dict) -> None:
+    """Write contiguous CPU tensors to ``fd`` in the safetensors format (8-byte header length, JSON header,
+    raw data), streaming from each tensor's memory: no second copy of outputs that can take gigabytes, and no
+    path (safetensors' own writer renames a temp file next to its target, which a memfd does not have)."""
+    import ctypes
+
+    from safetensors.torch import _TYPES
+    names = {dtype: name for name, dtype in _TYPES.items()}
+    header, offset = {}, 0
+    for key, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[key] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    chunks = [len(text).to_bytes(8, "little"), text]
+    for t in tensors.values():
+        size = t.numel() * t.element_size()
+        if size:
+            chunks.append(memoryview((ctypes.c_char * size).from_address(t.data_ptr())).cast("B"))
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while view:
+            view = view[_write(fd, view[:1 << 26]):]
+
+
 _MISSING = object()
 
 
@@ -363,8 +392,7 @@ class DeviceSession:
         self._ablation: dict | None = None                 # counters of the current ablation trial
         self._protected: set[int] = set()                  # storages an ablation must never overwrite
         self.precision = job["precision"]
-        self.out_dir = os.path.join(os.getcwd(), "outputs")
-        os.makedirs(self.out_dir, exist_ok=True)
+        self.handed: list[int] = []              # sealed output memfds sent to the parent (closed at the next request)
         self.ref_model = self.new_model = self.compiled_ref = None
         self.args: dict[str, list] = {}
         self.outputs: dict[str, object] = {}   # every output of the current timing trial stays alive
@@ -548,8 +576,6 @@ class DeviceSession:
 
     # -- helpers --------------------------------------------------------------------------------
     def _save(self, out) -> dict:
-        from safetensors.torch import save_file
-
         from verifier.correctness import flatten_outputs
         torch = self.torch
         leaves, spec = flatten_outputs(out)
@@ -564,9 +590,19 @@ class DeviceSession:
             else:
                 values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
         self.counter += 1
-        path = os.path.join(self.out_dir, f"out{self.counter}.safetensors")
-        save_file(tensors, path)
-        return {"file": path, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves)}
+        # a sealed memfd: once the parent has read this reply nobody, this process included, can change the
+        # outputs (the parent opens it through /proc/<pid>/fd and checks the seals); it lives in memory
+        fd = os.memfd_create(f"verifier-out{self.counter}", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+        _write_safetensors(fd, tensors)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, OUTPUT_SEALS)
+        self.handed.append(fd)
+        return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves)}
+
+    def close_handed(self) -> None:
+        """Drop this process's descriptors of outputs already sent (the parent holds its own by now)."""
+        for fd in self.handed:
+            os.close(fd)
+        self.handed = []
 
     def _storage_range(self, t):
         s = self._tb.untyped_storage(t)
@@ -852,6 +888,7 @@ def run_device(job: dict, chan: Channel) -> None:
         if op == "exit":
             chan.send({"op": "bye"})
             return
+        session.close_handed()
         handler = handlers.get(op)
         if handler is None:
             chan.send({"op": "error", "phase": "harness", "error": {"type": "ValueError",

@@ -3,16 +3,19 @@
 The parent (this module) is the only place a verdict is made. It loads the task (trusted), computes the
 reference outputs itself on the same device, keeps the secret seeds, and compares. The sandboxed child
 learns each trial seed only after the candidate is loaded and constructed, creates the inputs with the
-same generator logic (inputs.py), runs ``ModelNew`` and hands back its outputs as safetensors files plus
-small JSON reports; the parent validates paths, sizes, structure, types, shapes and dtypes before it
-compares.
+same generator logic (inputs.py), runs ``ModelNew`` and hands back its outputs in sealed memfds
+(safetensors, never pickle; no process can change them once sealed) plus small JSON reports; the parent
+validates seals, sizes, structure, types, shapes and dtypes before it compares.
 
 Trust map of the checks:
 - parent-side (security-relevant, decide the verdict): output values/shape/dtype/structure against the
   parent's own reference (so a candidate can neither see the reference's memory nor influence it),
   NaN/Inf agreement, scale-relative error, per-call wall-clock bounds on reported times, speedup cap,
-  audits of randomly chosen *timed* outputs and of the last trial's (a candidate that behaves differently
-  while timed, or only early on, fails);
+  audits of several randomly chosen *timed* outputs of random trials and of the last one (a candidate that
+  behaves differently while timed, only early on, or on some calls only, fails); timing inputs from one seed per
+  call and runner (no reference output in the child answers the candidate's inputs); the ablation trial's
+  output (decoy kernels); the precision probe (the reference on float16-rounded inputs); the timer-resolution
+  and speed-of-light floors;
 - child-reported (advisory; can only make the verdict stricter): forbidden aten ops and own device
   kernels seen by the profiler, tensor-subclass outputs, outputs aliasing inputs, inputs modified in place
   (compared against what the reference does), timer objects replaced after capture, harness functions
@@ -22,6 +25,7 @@ Trust map of the checks:
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import math
 import os
@@ -44,7 +48,7 @@ from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
 from .fallback import RUNTIME_RULES, candidate_kernels, forbidden_ops, runtime_violations
 from .result_cache import config_fingerprint
-from .sandbox import ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
+from .sandbox import OUTPUT_SEALS, ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
 from .timing import TimedCall, choose_reps, implausible_timing, reported_time_problem, stats
@@ -150,7 +154,7 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
                        details={"traceback": traceback.format_exc()[-4000:]})
 
 
-_TRIAL_FIELDS = {"file": str, "spec": (str, dict), "n_outputs": int, "values": dict, "types": list,
+_TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dict, "types": list,
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
                  "violations": list, "background_cpu_ms": (int, float), "threads_started": int,
@@ -284,22 +288,14 @@ class _DeviceStage:
         return leaves, spec, mutates, aliases
 
     def _load_outputs(self, report: dict[str, Any], ref_leaves: list) -> list:
-        """Read the child's output file: a regular file in the sandbox's output dir (no symlinks), no larger
-        than the reference outputs justify, parsed by safetensors (never pickle)."""
+        """Read the child's outputs: a sealed memfd (``_open_sealed_output``), no larger than the reference
+        outputs justify, parsed by safetensors (never pickle)."""
         import torch
         from safetensors import safe_open
 
-        path = report.get("file")
-        out_dir = os.path.realpath(os.path.join(self.workdir, "outputs"))
-        if not isinstance(path, str) or os.path.dirname(os.path.realpath(path)) != out_dir:
-            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
-                "harness", "the output file is not in the sandbox's output directory"))
         expected = sum(t.numel() * t.element_size() for t in ref_leaves if isinstance(t, torch.Tensor))
         limit = 4 * expected + (64 << 20)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as e:
-            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"output file: {e}")) from None
+        fd = self._open_sealed_output(report.get("fd"))
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
@@ -320,7 +316,6 @@ class _DeviceStage:
                 raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable outputs: {e}"))
         finally:
             os.close(fd)
-            os.unlink(path)
         n = int(report.get("n_outputs", 0))
         if n < 0 or n > 10000:
             raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"{n} outputs reported"))
@@ -333,6 +328,26 @@ class _DeviceStage:
             else:
                 leaves.append(values.get(str(i)))
         return leaves
+
+    def _open_sealed_output(self, number: Any) -> int:
+        """This process's own descriptor of the output memfd the child names by its fd number, opened through
+        /proc/<child pid>/fd (the pid is the parent's, never the child's word). Only a file sealed against
+        writes and resizing is accepted: from here on no process can change what is compared."""
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < 1 << 20:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", "malformed output descriptor"))
+        try:
+            fd = os.open(f"/proc/{self.child.proc.pid}/fd/{number}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"output file: {e}")) from None
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0
+        if seals & OUTPUT_SEALS != OUTPUT_SEALS:
+            os.close(fd)
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
+                "harness", "the outputs were not handed over in a sealed memory file"))
+        return fd
 
     @staticmethod
     def _read_tensor(f, key: str, ref_leaves: list):
@@ -546,7 +561,6 @@ class _DeviceStage:
             t_ref, t_cand, t_comp = self._timing(ref_model)
             self._lap("timing")
             del ref_model
-            self._speed_of_light(t_cand)
             speedup = t_ref / t_cand if t_cand > 0 else math.inf
             speedup_compile = (t_comp / t_cand) if (t_comp is not None and t_cand > 0) else None
             if not math.isfinite(speedup) or speedup > cfg.speedup_cap:
@@ -910,6 +924,9 @@ class _DeviceStage:
         if pairs:
             timing["paired_speedup_median"] = statistics.median(pairs)
         med = {r: timing[r]["median"] for r in runners}
+        # a time no device allows is cheating whatever the overhead statistics say (they may only be noisy)
+        if math.isfinite(med["cand"]) and not reported_time_problem(calls):
+            self._speed_of_light(med["cand"])
         if problem and retry and not reported_time_problem(calls):
             # only the statistical overhead check failed: scheduling noise on a loaded host can do that, so
             # time once more (fresh trials). A candidate that hides work outside its span fails again, and

@@ -24,13 +24,15 @@ loaded:
 What was applied, and what each step fell back to, is reported in the first message the child sends
 (before any candidate code exists) and lands in ``VerifyResult.details["isolation"]``.
 
-Messages: parent -> child as JSON lines on stdin; child -> parent as JSON lines on a dedicated pipe fd.
+Messages: parent -> child as JSON lines on stdin; child -> parent as JSON lines on a dedicated pipe fd. A run
+child's outputs travel in memfds sealed with ``OUTPUT_SEALS``, which the parent opens through /proc.
 stdout/stderr are drained by the parent into bounded tails (output spam cannot exhaust its memory).
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import fcntl
 import json
 import os
 import select
@@ -44,6 +46,10 @@ import time
 from typing import Any
 
 from . import syscall_filter
+
+# seals of the memfd a run child hands its outputs over in (verifier.evaluate checks them): no writes, no
+# resizing, no further seal changes
+OUTPUT_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 
 CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
 MAX_MESSAGE_BYTES = 8 << 20

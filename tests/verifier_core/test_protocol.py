@@ -11,7 +11,7 @@ from verifier.sandbox import ProtocolError
     {"op": "trial_done", "aten_ops": {"relu": "many"}},
     {"op": "trial_done", "aten_ops": ["relu"]},
     {"op": "trial_done", "values": [1, 2]},
-    {"op": "trial_done", "file": 7},
+    {"op": "trial_done", "fd": "/x/outputs/out1.safetensors"},
 ])
 def test_malformed_trial_reports_are_protocol_errors(msg):
     with pytest.raises(ProtocolError):
@@ -19,7 +19,7 @@ def test_malformed_trial_reports_are_protocol_errors(msg):
 
 
 def test_well_formed_report_passes():
-    msg = {"op": "trial_done", "file": "/x/outputs/out1.safetensors", "spec": "leaf", "n_outputs": 1, "values": {},
+    msg = {"op": "trial_done", "fd": 7, "spec": "leaf", "n_outputs": 1, "values": {},
            "types": ["Tensor"], "subclass_outputs": [], "devices": ["cpu"], "aliases_input": False,
            "inputs_modified": False, "aten_ops": {"empty_like": 1}, "device_kernels": {}, "timer_patched": []}
     assert _checked(msg, _TRIAL_FIELDS) is msg

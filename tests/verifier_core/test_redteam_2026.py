@@ -215,7 +215,7 @@ class _Scripted(_DeviceStage):
 
     def __init__(self, cfg, reps: int):
         from verifier.devices import get_backend
-        self.cfg, self.details, self.reps, self.backend = cfg, {}, reps, get_backend("cpu")
+        self.cfg, self.details, self.reps, self.backend, self.work = cfg, {}, reps, get_backend("cpu"), None
         self.prepared, self.audited, self.hidden = [], [], 0
 
     def _ask(self, msg, expect):
@@ -315,3 +315,62 @@ def test_a_time_below_the_speed_of_light_is_cheating(make_cfg):
     assert "test-device cannot run one call in less than 65.54 ms" in r.feedback
     fast = {"kind": "test-device", "memory_bytes_per_s": 1e13, "flops_per_s": 1e15}
     expect(run("relu", compiled(calling("ext.relu(x)", "x")), make_cfg(sol_device_spec=fast)), Category.PASS)
+
+
+# ---------------------------------------------------------------- outputs the child can no longer change
+def _stage_of_this_process():
+    import os
+    import types
+    stage = _DeviceStage.__new__(_DeviceStage)
+    stage.child = types.SimpleNamespace(proc=types.SimpleNamespace(pid=os.getpid()))
+    return stage
+
+
+def test_only_sealed_output_files_are_read(tmp_path):
+    """The run child hands its outputs over in a memfd sealed against writes and resizing; the parent opens it
+    through /proc/<pid>/fd and refuses anything else (a file the child, or a thread of the candidate, could
+    still rewrite after the reply)."""
+    import fcntl
+    import os
+
+    from verifier.sandbox import OUTPUT_SEALS
+    stage = _stage_of_this_process()
+    plain = os.open(str(tmp_path / "out.safetensors"), os.O_RDWR | os.O_CREAT)
+    unsealed = os.memfd_create("verifier-out", os.MFD_ALLOW_SEALING)
+    sealed = os.memfd_create("verifier-out", os.MFD_ALLOW_SEALING)
+    os.write(sealed, b"{}")
+    fcntl.fcntl(sealed, fcntl.F_ADD_SEALS, OUTPUT_SEALS)
+    try:
+        for fd in (plain, unsealed):
+            with pytest.raises(_Verdict, match="sealed"):
+                stage._open_sealed_output(fd)
+        for junk in (None, "3", True, -1, 1 << 30):
+            with pytest.raises(_Verdict, match="malformed"):
+                stage._open_sealed_output(junk)
+        mine = stage._open_sealed_output(sealed)
+        with pytest.raises(OSError):
+            os.write(sealed, b"x")      # not even the process that made it can change it now
+        assert os.read(mine, 10) == b"{}"
+        os.close(mine)
+    finally:
+        for fd in (plain, unsealed, sealed):
+            os.close(fd)
+
+
+def test_the_childs_safetensors_writer_round_trips_through_a_memfd():
+    import os
+
+    import torch
+    from safetensors import safe_open
+
+    from verifier._child import _write_safetensors
+    tensors = {"out0": torch.randn(3, 5), "out1": torch.arange(7), "out2": torch.zeros(0),
+               "out3": torch.tensor([True, False]), "out4": torch.randn(4, dtype=torch.bfloat16)}
+    fd = os.memfd_create("verifier-out")
+    try:
+        _write_safetensors(fd, tensors)
+        with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
+            assert sorted(f.keys()) == sorted(tensors)
+            assert all(torch.equal(f.get_tensor(k), v) for k, v in tensors.items())
+    finally:
+        os.close(fd)

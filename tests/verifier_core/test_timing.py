@@ -178,9 +178,9 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls == 40:          # one long call, early in timing
+        if self.calls == 40:          # one long call, early in timing (several seconds)
             spin = 0
-            for i in range(40000000):
+            for i in range(80000000):
                 spin += i
         return ext.relu(x)
 '''
@@ -196,7 +196,9 @@ def test_one_stalled_call_does_not_end_timing_early(make_cfg):
 
     from .candidates import compiled, task_path
 
-    cfg = make_cfg(num_timing_trials=6, time_budget_s=1.0)
+    # 3 s: room for 6 trials on a loaded host (each trial creates its inputs per runner), well under the stall
+    # a budget that summed trial times would have charged in full
+    cfg = make_cfg(num_timing_trials=6, time_budget_s=3.0)
     task = load_task(task_path("relu"))
     code = precheck(task, compiled(STALL_ONCE), cfg)
     r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
