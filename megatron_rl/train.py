@@ -36,17 +36,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def prepare_model(cfg) -> tuple[str, str]:
+def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
     """The HF model dir and tokenizer dir every role loads. The environment's own tokenizer (the toy's)
-    wins over the model's. A missing `model.path` means a tiny random model of `model.tiny.arch` (the Qwen3.5
-    hybrid by default), built once per run dir (deterministic from `model.tiny.init_seed`)."""
+    wins over the model's (`environment_tokenizer=False`: the config has no environment, e.g. SFT). A missing
+    `model.path` means a tiny random model of `model.tiny.arch` (the Qwen3.5 hybrid by default), built once per
+    run dir (deterministic from `model.tiny.init_seed`), with the tokenizer's files beside its weights so its
+    checkpoints and exports carry them."""
     from megatron_rl.fsutil import publish_dir
     from megatron_rl.rollout.environment import environment_class
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = run_dir / "tokenizer"
-    tok = environment_class(cfg.data.environment).own_tokenizer()
+    tok = environment_class(cfg.data.environment).own_tokenizer() if environment_tokenizer else None
     if tok is None and cfg.model.tokenizer == "qwen3-offline":
         from megatron_rl.tokenizer import load_tokenizer
 
@@ -71,7 +73,13 @@ def prepare_model(cfg) -> tuple[str, str]:
         dtype = torch.bfloat16 if cfg.actor.params_dtype == "bfloat16" else torch.float32
         with torch.device("cuda" if gpu else "cpu"):  # an 8B random init takes minutes on the host
             model = AutoModelForCausalLM.from_config(hf_cfg).to(dtype)
-        publish_dir(lambda d: model.save_pretrained(d, safe_serialization=True), model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+
+        def save(d: str) -> None:
+            model.save_pretrained(d, safe_serialization=True)
+            tokenizer.save_pretrained(d)
+
+        publish_dir(save, model_dir)
         del model
     return str(model_dir), tokenizer_path
 

@@ -462,8 +462,10 @@ class MegatronActor:
         return out, vals[-1] == 0.0
 
     # ----- checkpoints -----------------------------------------------------------------------
-    def save(self, ckpt_root: str | os.PathLike, iteration: int | None = None, extra: dict | None = None) -> str:
-        """Save weights, optimizer, LR schedule, this rank's RNG states and ``extra``."""
+    def save(self, ckpt_root: str | os.PathLike, iteration: int | None = None, extra: dict | None = None,
+             hf_assets_dir: str | os.PathLike | None = None) -> str:
+        """Save weights, optimizer, LR schedule, this rank's RNG states and ``extra`` (and the HF config, tokenizer
+        and chat template files of ``hf_assets_dir``, which an HF export of the checkpoint carries)."""
         from megatron_rl.checkpoint import save_checkpoint
 
         self._check_onloaded()
@@ -472,7 +474,8 @@ class MegatronActor:
         payload[_RNG_KEY] = _rng_state()
         payload["_actor_iteration"] = self.iteration
         return save_checkpoint(ckpt_root, iteration, self.model, optimizer=self.optimizer,
-                               opt_param_scheduler=self.scheduler, extra=payload, hf_config=self.hf_config)
+                               opt_param_scheduler=self.scheduler, extra=payload, hf_config=self.hf_config,
+                               hf_assets_dir=hf_assets_dir)
 
     def load(self, ckpt_root: str | os.PathLike, iteration: int | None = None, load_optimizer: bool = True) -> dict:
         """Load a checkpoint (any TP/PP it was saved at); returns the saved ``extra`` (+ iteration)."""

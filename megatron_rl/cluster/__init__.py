@@ -49,7 +49,7 @@ class Cluster:
         if self.use_gpu and not torch.cuda.is_available():
             raise RuntimeError("cluster.use_gpu=true but CUDA is not available on the driver")
         self.colocated = c.placement == "colocated"
-        self.ray_mode = c.backend == "ray" or (c.backend == "auto" and _ray_available())
+        self.ray_mode = ray_mode(c)
         self.sync_cfg = WeightSyncConfig(
             transport="colocated" if self.colocated else "distributed",  # gloo on CPU, NCCL on GPU
             bucket_bytes=cfg.rollout.sync_bucket_mb << 20, sglang_native=cfg.rollout.engine == "sglang")
@@ -62,12 +62,7 @@ class Cluster:
 
             from .placement import create_placement
 
-            if not ray.is_initialized():
-                env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_repo_root()), os.environ.get("PYTHONPATH")])),
-                       "TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": "0",
-                       "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-                ray.init(address=c.ray_address, num_cpus=c.num_cpus, include_dashboard=False,
-                         runtime_env={"env_vars": env}, logging_level=logging.WARNING, log_to_driver=True)
+            start_ray(c)
             slots = world if self.colocated else world + max(c.rollout_gpus, 0 if not self.use_gpu else 1)
             self.placement = create_placement(slots, self.use_gpu)
             engine_gpus = (self.placement.gpu_ids[:world] if self.colocated else self.placement.gpu_ids[world:]) \
@@ -149,10 +144,29 @@ class Cluster:
                 ray.shutdown()
 
 
+def ray_mode(c) -> bool:
+    """Whether ``cluster.backend`` (auto: when Ray imports) runs the roles as Ray actors."""
+    return c.backend == "ray" or (c.backend == "auto" and _ray_available())
+
+
+def start_ray(c) -> None:
+    """Join ``cluster.ray_address`` or start a local Ray cluster (once per process) with the environment every
+    role needs (the repo on PYTHONPATH, NVLink multicast off)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_repo_root()), os.environ.get("PYTHONPATH")])),
+           "TOKENIZERS_PARALLELISM": "false", "NCCL_NVLS_ENABLE": "0",
+           "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    ray.init(address=c.ray_address, num_cpus=c.num_cpus, include_dashboard=False,
+             runtime_env={"env_vars": env}, logging_level=logging.WARNING, log_to_driver=True)
+
+
 def _repo_root():
     from megatron_rl.config import REPO_ROOT
 
     return REPO_ROOT
 
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "ray_mode", "start_ray"]

@@ -51,7 +51,9 @@ class TrainWorker:
         return self.actor.load(ckpt_root) if ckpt_root is not None else {}
 
     def save(self, ckpt_root: str, iteration: int, extra: dict) -> str:
-        return self.actor.save(ckpt_root, iteration, extra)
+        """With the model dir's config, tokenizer and chat template as the checkpoint's HF assets, so an export
+        of it (ckpt_tools mcore-to-hf) is a complete HF model."""
+        return self.actor.save(ckpt_root, iteration, extra, hf_assets_dir=self.model_dir)
 
     # ---- compute
     def train(self, samples, loss_cfg) -> dict[str, float] | None:
@@ -109,7 +111,9 @@ class _Relauncher:
 class TrainGroup:
     """All training ranks; each method runs on every rank and returns rank 0's result."""
 
-    def __init__(self, cfg, model_dir: str, *, placement=None, use_gpu: bool, ray_mode: bool):
+    def __init__(self, cfg, model_dir: str, *, placement=None, use_gpu: bool, ray_mode: bool,
+                 worker_cls: type = TrainWorker):
+        """`worker_cls`: `TrainWorker` or a subclass with more rank methods (SFT's), reached through `call`."""
         world = cfg.cluster.actor_world_size
         self.ray_mode = ray_mode
         if not ray_mode:
@@ -117,13 +121,13 @@ class TrainGroup:
                 raise RuntimeError("without Ray the trainer runs one rank in-process: set cluster.actor_world_size=1")
             from megatron_rl.parallel import free_port
 
-            self.workers = [local_handle(TrainWorker(0, 1, "127.0.0.1", free_port(), cfg, model_dir))]
+            self.workers = [local_handle(worker_cls(0, 1, "127.0.0.1", free_port(), cfg, model_dir))]
             return
         import ray
 
         from .placement import bundle_options
 
-        cls = ray.remote(TrainWorker)
+        cls = ray.remote(worker_cls)
         # rank 0 picks a port on its own node; the other ranks rendezvous there
         addr, port = ray.get(_rendezvous_fn().options(**bundle_options(placement, 0, use_gpu, num_gpus=0)).remote())
         self.workers = []
@@ -136,6 +140,10 @@ class TrainGroup:
             local_rank = placement.gpu_ids[rank] if use_gpu else 0
             self.workers.append(cls.options(**opts).remote(rank, world, addr, port, cfg, model_dir, local_rank))
         call_all([w.ping.remote() for w in self.workers])
+
+    def call(self, method: str, *args):
+        """`method` of the worker class on every rank at once; rank 0's answer."""
+        return call_all([getattr(w, method).remote(*args) for w in self.workers])
 
     def init_weights(self, ckpt_root: str | None, with_reference: bool) -> dict:
         return call_all([w.init_weights.remote(ckpt_root, with_reference) for w in self.workers])
