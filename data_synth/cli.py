@@ -1,4 +1,4 @@
-"""``python -m data_synth generate|validate|decontaminate|diagnose|distill``.
+"""``python -m data_synth generate|validate|decontaminate|diagnose|distill|rft``.
 
 Every command is seeded, shows progress bars on stderr (``--no-progress`` turns them off), writes its outputs
 beside their destination and renames them into place, and prints one JSON summary as its last stdout line.
@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ops", default="2-5", help="stage 2: op count range, e.g. 2-3")
     g.add_argument("--templates", default=None, help="stage 3: comma list of template names")
     g.add_argument("--teacher-only", action="store_true", help="only ops the offline teacher can write")
+    g.add_argument("--only-ops", default=None, metavar="OPS",
+                   help="comma list of registry ops the tasks may use (e.g. relu,tanh,sigmoid)")
     g.add_argument("--max-candidates", type=int, default=None)
     g.add_argument("--no-validate", action="store_true", help="skip running the references")
     g.add_argument("--no-decontaminate", action="store_true")
@@ -131,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--endpoint", default=None, metavar="URL", help="OpenAI-compatible or SGLang server")
     src.add_argument("--offline", action="store_true", help="the template teacher (no LLM)")
+    s.add_argument("--style", default="full", choices=("full", "compact"),
+                   help="offline teacher: full (plan + fused kernel) or compact (short fixed-template C++ for "
+                        "tiny models, data_synth.compact)")
+    s.add_argument("--compact-styles", default="index,pointer",
+                   help="compact: loop styles the answers are drawn from (index, pointer)")
     s.add_argument("--api", default="auto", choices=("auto", "sglang", "openai"))
     s.add_argument("--model", default=None, help="model name for OpenAI-compatible servers")
     s.add_argument("--tokenizer", default="qwen3-offline", help="chat template for SGLang /generate (HF dir)")
@@ -151,6 +158,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--size-profile", default=None, help="verify at this manifest size profile (e.g. gpu)")
     s.add_argument("--precision", default="auto",
                    help="auto (each task at its manifest dtype) or float32 | float16 | bfloat16")
+
+    r = sub.add_parser("rft", parents=[common],
+                       help="diversity-preserving RFT: sample the SFT model, verify, cluster, draw targets")
+    r.add_argument("--tasks", required=True)
+    r.add_argument("--out", required=True, metavar="ROWS.jsonl")
+    rsrc = r.add_mutually_exclusive_group(required=True)
+    rsrc.add_argument("--model", default=None, metavar="HF_DIR", help="serve this model with the embedded engine")
+    rsrc.add_argument("--endpoint", default=None, metavar="URL", help="an SGLang / OpenAI-compatible server")
+    r.add_argument("--tokenizer", default=None, help="chat template (default: --model's own, else qwen3-offline)")
+    r.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "musa"))
+    r.add_argument("--samples", type=int, default=8, help="responses per prompt")
+    r.add_argument("--targets", type=int, default=2, help="SFT targets per prompt, drawn across clusters")
+    r.add_argument("--jaccard", type=float, default=0.7, help="MinHash Jaccard that joins two answers of a bucket")
+    r.add_argument("--turns", type=int, default=1)
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--max-new-tokens", type=int, default=4096)
+    r.add_argument("--concurrency", type=int, default=64)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--report", default=None, metavar="REPORT.json", help="default: OUT.report.json")
+    r.add_argument("--pool", default=None, metavar="POOL.jsonl", help="every sampled row (default: OUT.pool.jsonl)")
+    r.add_argument("--cache", default=None, metavar="DIR", help="verifier build cache")
+    r.add_argument("--result-cache", default=None, metavar="FILE.sqlite", help="verifier verdict cache")
+    r.add_argument("--compile-workers", type=int, default=None)
+    r.add_argument("--timing-trials", type=int, default=None)
+    r.add_argument("--trials", type=int, default=None)
+    r.add_argument("--engine-threads", type=int, default=None, help="torch threads of the embedded engine (CPU)")
     return ap
 
 
@@ -163,7 +197,8 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
     weights = read_weights(args.weights) if args.weights else None
     cfg = GenConfig(stage=args.stage, n=args.n, seed=args.seed, families=_csv(args.families), weights=weights,
                     dtypes=_dtypes(args.dtypes), noncontiguous=args.noncontiguous, odd_shapes=args.odd_shapes,
-                    min_ops=min_ops, max_ops=max_ops, teacher_only=args.teacher_only, templates=_csv(args.templates))
+                    min_ops=min_ops, max_ops=max_ops, teacher_only=args.teacher_only, templates=_csv(args.templates),
+                    ops=_csv(args.only_ops))
     if os.path.exists(args.out) and not args.force:
         raise DataSynthError(f"{args.out} already exists (pass --force to replace it)")
     refs = [] if args.no_decontaminate else references(not args.no_kernelbench, args.against)
@@ -244,14 +279,35 @@ def cmd_distill(args: argparse.Namespace) -> dict[str, Any]:
                         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                         concurrency=args.concurrency, seed=args.seed, keep=args.keep, cache_dir=args.cache,
                         compile_workers=args.compile_workers, timing_trials=args.timing_trials,
-                        trials=args.trials, size_profile=args.size_profile, precision=args.precision)
+                        trials=args.trials, size_profile=args.size_profile, precision=args.precision,
+                        style=args.style, compact_styles=_csv(args.compact_styles) or ())
     summary = distill(read_task_set(args.tasks), args.out, cfg, verdicts_path=args.verdicts,
                       progress=not args.no_progress)
     return summary.to_dict()
 
 
+def cmd_rft(args: argparse.Namespace) -> dict[str, Any]:
+    from .rft import RFTConfig, run_rft
+
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        tokenizer = args.model if args.model and os.path.isfile(os.path.join(args.model, "tokenizer.json")) \
+            else "qwen3-offline"
+    extra = {"result_cache_path": args.result_cache} if args.result_cache else {}
+    # with --model the endpoint is the embedded engine's, known once it runs (run_rft sets it)
+    dcfg = DistillConfig(endpoint=args.endpoint or "http://127.0.0.1:0", api="sglang" if args.model else "auto",
+                         tokenizer=tokenizer, backend=args.backend, samples=args.samples, turns=args.turns,
+                         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                         concurrency=args.concurrency, seed=args.seed, keep="all", cache_dir=args.cache,
+                         compile_workers=args.compile_workers, timing_trials=args.timing_trials, trials=args.trials,
+                         farm=extra)
+    cfg = RFTConfig(samples=args.samples, targets=args.targets, jaccard=args.jaccard, seed=args.seed)
+    return run_rft(read_task_set(args.tasks), args.out, cfg, dcfg, model_dir=args.model, report_path=args.report,
+                   pool_path=args.pool, progress=not args.no_progress, engine_threads=args.engine_threads)
+
+
 COMMANDS = {"generate": cmd_generate, "validate": cmd_validate, "decontaminate": cmd_decontaminate,
-            "diagnose": cmd_diagnose, "distill": cmd_distill}
+            "diagnose": cmd_diagnose, "distill": cmd_distill, "rft": cmd_rft}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

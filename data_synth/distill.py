@@ -75,6 +75,7 @@ class DistillConfig:
     size_profile: str | None = None
     precision: str = "auto"            # auto: each task at its manifest dtype; or float32 | float16 | bfloat16
     style: str = "full"                # offline teacher: full (data_synth.teacher) | compact (data_synth.compact)
+    compact_styles: tuple[str, ...] = ("index", "pointer")   # compact: the loop styles answers are drawn from
     request_timeout_s: float = 1800.0
     infra_retries: int = 2
     verifier: dict[str, Any] = dataclasses.field(default_factory=dict)   # extra VerifierConfig fields
@@ -154,14 +155,15 @@ class OfflineTeacher(_Teacher):
     """Template kernels: one answer per task; no repair of a failed answer (it would be the same). ``compact``:
     the short fixed-template answers of `data_synth.compact` (tiny models, the CPU recipe)."""
 
-    def __init__(self, backend: str, style: str = "full", seed: int = 0):
-        self.backend, self.style, self.seed = backend, style, seed
+    def __init__(self, backend: str, style: str = "full", seed: int = 0,
+                 compact_styles: Sequence[str] = ("index", "pointer")):
+        self.backend, self.style, self.seed, self.compact_styles = backend, style, seed, tuple(compact_styles)
         self.name = f"offline:{backend}" + (":compact" if style == "compact" else "")
         self.recipes: dict[str, str] = {}
 
     def answer(self, task):
         if self.style == "compact":
-            return compact_answer(task, self.backend, self.seed)
+            return compact_answer(task, self.backend, self.seed, self.compact_styles)
         return offline_answer(task, self.backend)
 
     async def respond(self, task, messages, seed):
@@ -368,7 +370,8 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
     summary = DistillSummary(out=out, teacher="offline" if cfg.offline else str(cfg.endpoint), tasks=len(tasks))
 
     async def main() -> tuple[_Teacher, list[dict[str, Any]]]:
-        teacher = OfflineTeacher(cfg.backend, cfg.style, cfg.seed) if cfg.offline else await connect(cfg)
+        teacher = OfflineTeacher(cfg.backend, cfg.style, cfg.seed, cfg.compact_styles) if cfg.offline \
+            else await connect(cfg)
         writer = ResultsWriter(out)
         finished = False
         rows: list[dict[str, Any]] = []

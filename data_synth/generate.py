@@ -48,6 +48,7 @@ class GenConfig:
     min_ops: int = 2
     max_ops: int = 5
     teacher_only: bool = False         # only ops the offline teacher can write (CPU recipe)
+    ops: tuple[str, ...] | None = None # only these registry ops (targeted basic-operator variants)
     templates: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -71,6 +72,11 @@ class GenConfig:
         if not 2 <= self.min_ops <= self.max_ops <= 5:
             raise DataSynthError(f"stage-2 op counts need 2 <= min_ops <= max_ops <= 5, got "
                                  f"{self.min_ops}..{self.max_ops}")
+        unknown = [o for o in (self.ops or ()) if o not in REGISTRY]
+        if unknown:
+            raise DataSynthError(f"ops: unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(REGISTRY))}")
+        if self.ops is not None and not self.ops:
+            raise DataSynthError("ops: give at least one op name (or leave it unset for all)")
         for t in (self.templates or ()):
             if t not in TEMPLATES:
                 raise DataSynthError(f"unknown template {t!r}; known: {', '.join(TEMPLATES)}")
@@ -145,12 +151,15 @@ def _teacher_ok(op: Op) -> bool:
     return op.teacher is not None
 
 
+def _allowed(op: Op, cfg: GenConfig) -> bool:
+    """The op passes the run's op restrictions (``teacher_only``, ``ops``)."""
+    return (not cfg.teacher_only or _teacher_ok(op)) and (cfg.ops is None or op.name in cfg.ops)
+
+
 def stage1_ops(family: str, cfg: GenConfig) -> list[Op]:
     ops = [op for op in REGISTRY.values() if op.stage1 and (
         op.family == family or (family == "broadcast" and isinstance(op, Binary)))]
-    if cfg.teacher_only:
-        ops = [op for op in ops if _teacher_ok(op)]
-    return ops
+    return [op for op in ops if _allowed(op, cfg)]
 
 
 def _draw_dtype(rng: random.Random, cfg: GenConfig, op: Op) -> str:
@@ -230,8 +239,7 @@ def _stage2(rng: random.Random, cfg: GenConfig, sizes: SizeSampler) -> tuple[Gra
         if fam in ("broadcast", "elementwise") and (fam == "broadcast" or rng.random() < 0.3):
             node = _binary_epilogue(rng, fam, cur, cur_spec, nodes, inputs, params, sizes, cfg)
         else:
-            cands = [op for op in ops_in(fam) if op.epilogue and op.arity == 1
-                     and (not cfg.teacher_only or _teacher_ok(op))]
+            cands = [op for op in ops_in(fam) if op.epilogue and op.arity == 1 and _allowed(op, cfg)]
             node = None
             if cands:
                 op = rng.choice(cands)
@@ -248,7 +256,9 @@ def _stage2(rng: random.Random, cfg: GenConfig, sizes: SizeSampler) -> tuple[Gra
 
 
 def _binary_epilogue(rng, fam, cur, cur_spec, nodes, inputs, params, sizes, cfg) -> Node | None:
-    ops = [op for op in REGISTRY.values() if isinstance(op, Binary)]
+    ops = [op for op in REGISTRY.values() if isinstance(op, Binary) and _allowed(op, cfg)]
+    if not ops:
+        return None
     op = rng.choice(ops)
     positive = op.requires_second == "positive"
     if fam == "elementwise":
