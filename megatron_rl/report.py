@@ -105,7 +105,7 @@ class _Canvas:
     W, H, L, R, T, B = 900, 420, 80, 200, 40, 50
 
     def __init__(self, title: str, ylabel: str, x_values: Sequence[int], y_min: float, y_max: float,
-                 slots: bool = False):
+                 slots: bool = False, xlabel: str = "step"):
         self.slots = slots               # bars: each step in the middle of its own slot
         self.img = Image.new("RGB", (self.W, self.H), "white")
         self.d = ImageDraw.Draw(self.img)
@@ -124,7 +124,7 @@ class _Canvas:
         for i in sorted({0, n - 1, *range(0, n, max(1, n // 8))}):
             x = self.px(i)
             self.d.text((x - 6, y1 + 6), str(self.xs[i]), fill="black", font=_font(12))
-        self.d.text(((x0 + x1) // 2 - 15, self.H - 22), "step", fill=(80, 80, 80), font=_font(12))
+        self.d.text(((x0 + x1) // 2 - 15, self.H - 22), xlabel, fill=(80, 80, 80), font=_font(12))
         self.legend_y = self.T
 
     def px(self, i: float) -> float:
@@ -166,11 +166,13 @@ def line_plot(path: Path, title: str, ylabel: str, steps: Sequence[int], series:
     return True
 
 
-def stacked_bars(path: Path, title: str, ylabel: str, steps: Sequence[int], stacks: dict[str, Sequence[float]]) -> bool:
+def stacked_bars(path: Path, title: str, ylabel: str, steps: Sequence[int], stacks: dict[str, Sequence[float]],
+                 xlabel: str = "step") -> bool:
+    """Stacked bars, one slot per x value (steps, or any labels: histogram bins, op families)."""
     totals = [sum(v[i] for v in stacks.values() if _finite(v[i])) for i in range(len(steps))]
     if not totals or max(totals) <= 0:
         return False
-    c = _Canvas(title, ylabel, steps, 0.0, _nice_max(max(totals)), slots=True)
+    c = _Canvas(title, ylabel, steps, 0.0, _nice_max(max(totals)), slots=True, xlabel=xlabel)
     width = max(2.0, (c.W - c.R - c.L) / max(len(steps), 1) * 0.7)
     for i in range(len(steps)):
         base = 0.0

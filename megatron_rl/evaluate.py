@@ -1,0 +1,542 @@
+"""Evaluate a model on KernelBench-format tasks and write the paper's table (MusaCoder §2.1), per level.
+
+    python -m megatron_rl.evaluate --model MODEL --tasks DIR --samples 8 --turns 3 --backend cpu|cuda|musa --out DIR
+
+``MODEL`` is an HF model dir, or any checkpoint this project writes, converted on the fly (``ckpt_tools
+mcore-to-hf`` into ``OUT/model_hf``): an SFT/RFT/RL run dir (its ``hf/`` export if there is one, else its
+``ckpt/``), a checkpoint root (``latest_checkpointed_iteration.txt``) or one ``iter_*`` dir. The tokenizer and chat
+template come from the model dir (``--tokenizer`` overrides; qwen3-offline when it has none).
+
+The embedded engine serves the model; each task gets ``--samples`` trajectories of at most ``--turns`` responses,
+with the verifier's feedback as the next user turn after a failure, exactly as the RL agent runs them
+(`megatron_rl.rollout.agent.AgentLoop`, the RL prompts, the verifier farm). A sample passes when any of its turns
+passes. Per level and overall (weighted by task count, as the paper's "Overall"):
+
+* ``pass_at_k``: the unbiased estimator 1 - C(n-c, k) / C(n, k), averaged over tasks (n samples, c passing);
+* ``avg_at_n``: the mean fraction of passing samples (the paper's Avg@8 at n = 8);
+* ``faster_eager`` / ``faster_compile``: the fraction of all samples that are correct, legal and more than 1.1x
+  faster than PyTorch eager / ``torch.compile`` (the latter only with ``--compare-compile``);
+* ``speedup_mean`` / ``speedup_median`` over passing samples; ``first_turn`` the same pass figures for turn 1 alone.
+
+Outputs in ``--out``: ``results.jsonl`` (one row per sample, every turn's verdict), ``summary.json``, ``report.md``
+(the table per level and per op family), ``report.html`` with two plots (speedup distribution per level, pass rate
+per op family). A task whose group could not be scored (persistent infra verdicts, a prompt over the context) is
+listed with its reason and left out of the figures, never counted as a failure. The last stdout line is a JSON
+summary.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import html
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger("megatron_rl.evaluate")
+
+FASTER = 1.1
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): the chance that k of the n samples, drawn without replacement, hold a
+    correct one, when c of n are correct. Computed as a product, so large n stays exact in floats."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+@dataclasses.dataclass
+class SampleOutcome:
+    task_id: str
+    level: int | None
+    family: str
+    passed: bool
+    first_turn_passed: bool
+    speedup: float | None           # of the passing turn
+    speedup_compile: float | None
+    turns: int
+    category: str                   # the last turn's verdict
+
+
+def table(outcomes: Sequence[SampleOutcome], ks: Sequence[int]) -> dict[str, Any]:
+    """The paper's figures over ``outcomes`` (every task with the same number of samples)."""
+    by_task: dict[str, list[SampleOutcome]] = {}
+    for o in outcomes:
+        by_task.setdefault(o.task_id, []).append(o)
+    if not by_task:
+        return {"tasks": 0, "samples": 0}
+    out: dict[str, Any] = {"tasks": len(by_task), "samples": len(outcomes)}
+    for label, key in (("", "passed"), ("first_turn_", "first_turn_passed")):
+        for k in ks:
+            vals = [pass_at_k(len(s), sum(getattr(o, key) for o in s), k) for s in by_task.values() if k <= len(s)]
+            out[f"{label}pass_at_{k}"] = sum(vals) / len(vals) if vals else None
+        out[f"{label}avg_at_n"] = sum(sum(getattr(o, key) for o in s) / len(s) for s in by_task.values()) / len(by_task)
+    out["faster_eager"] = sum(o.passed and (o.speedup or 0) > FASTER for o in outcomes) / len(outcomes)
+    measured = [o for o in outcomes if not o.passed or o.speedup_compile is not None]
+    out["faster_compile"] = (sum(o.passed and (o.speedup_compile or 0) > FASTER for o in outcomes) / len(outcomes)
+                             if any(o.speedup_compile is not None for o in outcomes) and len(measured) == len(outcomes)
+                             else None)
+    speedups = [o.speedup for o in outcomes if o.passed and o.speedup is not None]
+    out["speedup_mean"] = sum(speedups) / len(speedups) if speedups else None
+    out["speedup_median"] = statistics.median(speedups) if speedups else None
+    cats: dict[str, int] = {}
+    for o in outcomes:
+        cats[o.category] = cats.get(o.category, 0) + 1
+    out["categories"] = dict(sorted(cats.items()))
+    return out
+
+
+def summarize(outcomes: Sequence[SampleOutcome], ks: Sequence[int]) -> dict[str, Any]:
+    levels = sorted({o.level for o in outcomes}, key=lambda v: (v is None, v or 0))
+    fams = sorted({o.family for o in outcomes})
+    return {"overall": table(outcomes, ks),
+            "levels": {str(lv): table([o for o in outcomes if o.level == lv], ks) for lv in levels},
+            "families": {f: table([o for o in outcomes if o.family == f], ks) for f in fams}}
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+class ModelError(ValueError):
+    """--model is not something this tool can load; the message says what it found."""
+
+
+def _is_hf_dir(p: Path) -> bool:
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
+def resolve_model(spec: str, out_dir: Path, progress: bool = True) -> str:
+    """An HF model dir for ``spec``: itself, a run's export, or a converted mcore checkpoint."""
+    from megatron_rl.checkpoint import DIST_CKPT_MARKER, LATEST_FILE, META_FILE
+
+    p = Path(spec).expanduser().resolve()
+    if not p.exists():
+        raise ModelError(f"--model {spec}: not found")
+    if _is_hf_dir(p):
+        return str(p)
+    if (p / "hf").is_dir() and _is_hf_dir(p / "hf"):           # an SFT / RFT run dir
+        return str(p / "hf")
+    root, iteration = None, None
+    if (p / LATEST_FILE).is_file():
+        root = p
+    elif (p / "ckpt" / LATEST_FILE).is_file():               # an RL / SFT run dir
+        root = p / "ckpt"
+    elif (p / META_FILE).is_file() and (p / DIST_CKPT_MARKER).is_file():   # one iter_* dir
+        root = p.parent
+        iteration = 0 if p.name == "release" else int(p.name.removeprefix("iter_"))
+    if root is None:
+        raise ModelError(f"--model {spec}: neither an HF model dir (config.json + *.safetensors) nor a checkpoint "
+                         f"({LATEST_FILE} or an iter_* dir with {META_FILE})")
+    from megatron_rl.checkpoint import latest_iteration
+
+    it = iteration if iteration is not None else latest_iteration(root)
+    dest = out_dir / f"model_hf_iter{it:07d}"
+    if _is_hf_dir(dest):
+        return str(dest)
+    from ckpt_tools.convert import McoreToHF, mcore_to_hf
+
+    print(f"[evaluate] converting checkpoint {root} (iteration {it}) to HF: {dest}", file=sys.stderr, flush=True)
+    mcore_to_hf(McoreToHF(str(root), str(dest), iteration=iteration, progress=progress))
+    return str(dest)
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    model: str
+    tasks: str
+    out: str
+    samples: int = 8
+    turns: int = 3
+    backend: str = "cpu"
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 4096
+    max_context_tokens: int | None = None
+    levels: tuple[int, ...] = ()
+    limit: int | None = None
+    tokenizer: str | None = None
+    pass_k: tuple[int, ...] = (1,)
+    compare_compile: bool = False
+    trials: int | None = None
+    timing_trials: int | None = None
+    precision: str = "auto"
+    cache: str | None = None
+    result_cache: str | None = None
+    compile_workers: int | None = None
+    device: str = "auto"
+    size_profile: str | None = None
+    seed: int = 0
+    concurrency: int = 64
+    engine_threads: int | None = None
+    label: str | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.samples < 1 or self.turns < 1:
+            raise ValueError(f"--samples and --turns must be >= 1, got {self.samples} and {self.turns}")
+        if self.backend not in ("cpu", "cuda", "musa"):
+            raise ValueError(f"--backend must be cpu, cuda or musa, got {self.backend!r}")
+        bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
+        if bad:
+            raise ValueError(f"--pass-k {bad}: each k must be in 1..--samples ({self.samples})")
+
+
+def _tasks(cfg: EvalConfig) -> list:
+    from verifier.size_profiles import apply_size_profile
+    from verifier.tasks import load_task_set
+
+    tasks = load_task_set(cfg.tasks)
+    if cfg.levels:
+        tasks = [t for t in tasks if t.level in set(cfg.levels)]
+    if cfg.limit is not None:
+        tasks = tasks[:cfg.limit]
+    if cfg.size_profile:
+        tasks = [apply_size_profile(t, cfg.size_profile) for t in tasks]
+    if not tasks:
+        raise ValueError(f"--tasks {cfg.tasks}: no task left (levels {list(cfg.levels) or 'all'})")
+    return tasks
+
+
+def _precision(task, mode: str) -> str:
+    from verifier.config import PRECISIONS
+
+    if mode != "auto":
+        return mode
+    p = (task.meta.get("precisions") or ["float32"])[0]
+    return p if p in PRECISIONS else "float32"
+
+
+def _family(task) -> str:
+    return task.op_family or (task.meta.get("families") or ["unknown"])[0] or "unknown"
+
+
+async def _run_groups(agent, tasks, groups_in_flight: int, bar) -> list:
+    from megatron_rl.rollout.agent import RolloutRequest
+
+    sem = asyncio.Semaphore(groups_in_flight)
+
+    async def one(task):
+        async with sem:
+            g = await agent.run_group(RolloutRequest(task=task, group_id=task.task_id))
+        bar.update(1)
+        return g
+
+    return await asyncio.gather(*(one(t) for t in tasks))
+
+
+def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    import torch
+    from tqdm import tqdm
+
+    from megatron_rl.rollout.agent import AgentConfig, AgentLoop
+    from megatron_rl.rollout.engine import EngineManager, HttpEngine
+    from megatron_rl.rollout.environment import KernelEnvironment, farm_verify_fn
+    from megatron_rl.rollout.local_engine import serve_embedded
+    from megatron_rl.rollout.protocol import SamplingParams
+    from megatron_rl.tokenizer import load_tokenizer
+    from verifier.config import VerifierConfig
+    from verifier.farm import FarmConfig, VerifierFarm
+
+    cfg.validate()
+    t0 = time.perf_counter()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_model(cfg.model, out, cfg.progress)
+    tok_path = cfg.tokenizer or (model_dir if (Path(model_dir) / "tokenizer.json").is_file() else "qwen3-offline")
+    if tok_path == "qwen3-offline" and cfg.tokenizer is None:
+        log.warning("%s has no tokenizer: using qwen3-offline and its chat template", model_dir)
+    tokenizer = load_tokenizer(tok_path)
+    tasks = _tasks(cfg)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    hf_cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    ctx = int((hf_cfg.get("text_config") or hf_cfg).get("max_position_embeddings") or 32768)
+    max_ctx = min(cfg.max_context_tokens or ctx - 1, ctx - 1)
+    groups_by_precision: dict[str, list] = {}
+    for t in tasks:
+        groups_by_precision.setdefault(_precision(t, cfg.precision), []).append(t)
+    bar = tqdm(total=len(tasks), desc="evaluate", unit="task", file=sys.stderr, disable=not cfg.progress,
+               dynamic_ncols=True)
+    max_batch = max(8, min(cfg.samples * len(tasks), 128))
+
+    async def run_all(url: str) -> list:
+        engines = EngineManager([HttpEngine(url, name="engine-0")])
+        results: list = []
+        try:
+            for precision, group in groups_by_precision.items():   # the farm verifies at one precision
+                vkw: dict[str, Any] = {"backend": cfg.backend, "precision": precision,
+                                       "compare_torch_compile": cfg.compare_compile}
+                if cfg.trials is not None:
+                    vkw["num_correct_trials"] = cfg.trials
+                if cfg.timing_trials is not None:
+                    vkw["num_timing_trials"] = cfg.timing_trials
+                if cfg.cache:
+                    vkw["build_cache_dir"] = cfg.cache
+                vcfg = VerifierConfig(**vkw)
+                farm = VerifierFarm(vcfg, FarmConfig(compile_workers=cfg.compile_workers,
+                                                     result_cache_path=cfg.result_cache))
+                done = False
+                try:
+                    env = KernelEnvironment(group, cfg.backend, farm_verify_fn(farm), vcfg.reward)
+                    agent = AgentLoop(tokenizer, engines.generate, env, AgentConfig(
+                        max_turns=cfg.turns, group_size=cfg.samples, max_concurrency=cfg.concurrency,
+                        sampling=SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                                max_new_tokens=cfg.max_new_tokens),
+                        max_prompt_tokens=None, max_context_tokens=max_ctx, seed=cfg.seed))
+                    results += await _run_groups(agent, group, max(1, cfg.concurrency // cfg.samples), bar)
+                    done = True
+                finally:
+                    farm.close(drain=done)
+        finally:
+            await engines.close()
+        return results
+
+    with serve_embedded(model_dir, device=device, seed=cfg.seed, max_batch_size=max_batch,
+                        threads=cfg.engine_threads, log_dir=str(out / "engine_logs")) as url:
+        results = asyncio.run(run_all(url))
+    bar.close()
+    return _write(cfg, out, tasks, results, model_dir, tok_path, time.perf_counter() - t0)
+
+
+def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: str, seconds: float) -> dict:
+    from megatron_rl.fsutil import write_text_atomic
+
+    by_id = {t.task_id: t for t in tasks}
+    outcomes: list[SampleOutcome] = []
+    rows: list[str] = []
+    unscored = {}
+    for g in groups:
+        task = by_id[g.request.task.task_id]
+        if not g.ok:
+            unscored[task.task_id] = f"{g.status}: {g.error[:300]}"
+            log.warning("task %s not scored: %s", task.task_id, unscored[task.task_id])
+            continue
+        for tr in g.trajectories:
+            win = next((t for t in tr.turns if t.verdict.passed), None)
+            last = tr.turns[-1]
+            o = SampleOutcome(task_id=task.task_id, level=task.level, family=_family(task), passed=win is not None,
+                              first_turn_passed=tr.turns[0].verdict.passed,
+                              speedup=win.verdict.speedup if win else None,
+                              speedup_compile=win.verdict.speedup_compile if win else None,
+                              turns=len(tr.turns), category=(win or last).verdict.category.value)
+            outcomes.append(o)
+            rows.append(json.dumps({
+                **dataclasses.asdict(o), "sample_index": tr.sample_index,
+                "turn_verdicts": [{"turn": t.turn, "category": t.verdict.category.value, "q": t.verdict.q,
+                                   "speedup": t.verdict.speedup, "speedup_compile": t.verdict.speedup_compile,
+                                   "feedback": t.verdict.feedback[:500], "response_tokens": len(t.response_ids),
+                                   "finish_reason": t.finish_reason} for t in tr.turns],
+                "response": win.response_text if win else last.response_text}, default=str))
+    ks = sorted({*cfg.pass_k, cfg.samples})
+    summary = {"model": model_dir, "label": cfg.label, "tokenizer": tok_path, "tasks_dir": cfg.tasks,
+               "backend": cfg.backend, "samples": cfg.samples, "turns": cfg.turns, "temperature": cfg.temperature,
+               "pass_k": ks, "tasks": len(tasks), "scored_tasks": len(tasks) - len(unscored), "unscored": unscored,
+               **summarize(outcomes, ks), "wall_seconds": round(seconds, 2)}
+    write_text_atomic(out / "results.jsonl", "\n".join(rows) + ("\n" if rows else ""))
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    write_text_atomic(out / "report.md", markdown_report(summary))
+    plots = _plots(out, outcomes)
+    write_text_atomic(out / "report.html", html_report(summary, plots))
+    return summary
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}"
+
+
+def _x(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def table_rows(summary: dict[str, Any], label_col: str = "level") -> tuple[list[str], list[list[str]]]:
+    """The paper's columns, one row per level and the overall (weighted by task count)."""
+    n = summary["samples"]
+    ks = [k for k in summary["pass_k"] if k != n]
+    head = [label_col, "tasks", *[f"Pass@{k}" for k in ks], f"Pass@{n}", f"Avg@{n}", "Faster vs eager (>1.1x)",
+            "Faster vs compile (>1.1x)", "speedup mean", "speedup median"]
+    body = []
+    items = [(f"L{lv}" if lv != "None" else "-", t) for lv, t in summary["levels"].items()] + \
+            [("Overall", summary["overall"])]
+    for name, t in items:
+        if not t.get("tasks"):
+            continue
+        body.append([name, str(t["tasks"]), *[_pct(t.get(f"pass_at_{k}")) for k in ks], _pct(t.get(f"pass_at_{n}")),
+                     _pct(t.get("avg_at_n")), _pct(t.get("faster_eager")), _pct(t.get("faster_compile")),
+                     _x(t.get("speedup_mean")), _x(t.get("speedup_median"))])
+    return head, body
+
+
+def _md(head: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def markdown_report(s: dict[str, Any]) -> str:
+    head, body = table_rows(s)
+    n = s["samples"]
+    fam_head = ["op family", "tasks", f"Pass@{n}", f"Avg@{n}", "Faster vs eager"]
+    fam_body = [[f, str(t["tasks"]), _pct(t.get(f"pass_at_{n}")), _pct(t.get("avg_at_n")), _pct(t.get("faster_eager"))]
+                for f, t in s["families"].items()]
+    parts = [f"# Evaluation: {s.get('label') or s['model']}", "",
+             f"Model `{s['model']}` on `{s['tasks_dir']}` ({s['scored_tasks']} of {s['tasks']} tasks scored), backend "
+             f"{s['backend']}, {n} samples per task at T={s['temperature']}, up to {s['turns']} turns with verifier "
+             f"feedback (a sample passes when any turn passes). Percentages; Pass@k is the unbiased estimator.", "",
+             _md(head, body), "", "Per op family:", "", _md(fam_head, fam_body), ""]
+    first = s["overall"]
+    if first.get("tasks"):
+        parts += [f"First turn alone: Pass@{n} {_pct(first.get(f'first_turn_pass_at_{n}'))}, Avg@{n} "
+                  f"{_pct(first.get('first_turn_avg_at_n'))}. Verdicts: {first.get('categories')}.", ""]
+    if s["unscored"]:
+        parts += ["Not scored (left out of every figure):", ""] + [f"- {k}: {v}" for k, v in s["unscored"].items()] + [""]
+    return "\n".join(parts)
+
+
+def _plots(out: Path, outcomes: Sequence[SampleOutcome]) -> list[str]:
+    """PNG plots (pillow, through megatron_rl.report's canvas): speedup distribution per level, pass rate per op
+    family. Returns the file names written."""
+    from megatron_rl.report import stacked_bars
+
+    written = []
+    levels = sorted({o.level for o in outcomes}, key=lambda v: (v is None, v or 0))
+    edges = [0.0, 0.25, 0.5, 0.75, 0.9, 1.1, 1.5, 2.0, 3.0, math.inf]
+    labels = ["<.25", ".25-.5", ".5-.75", ".75-.9", ".9-1.1", "1.1-1.5", "1.5-2", "2-3", ">3"]
+    for lv in levels:
+        sp = [o.speedup for o in outcomes if o.level == lv and o.passed and o.speedup is not None]
+        counts = [sum(lo <= v < hi for v in sp) for lo, hi in zip(edges, edges[1:])]
+        name = f"speedup_level{lv}.png"
+        if stacked_bars(out / name, f"Speedup over eager, level {lv} ({len(sp)} passing samples)", "samples",
+                        labels, {"passing samples": counts}, xlabel="speedup"):
+            written.append(name)
+    fams = sorted({o.family for o in outcomes})
+    rates = [sum(o.passed for o in outcomes if o.family == f) / max(1, sum(o.family == f for o in outcomes))
+             for f in fams]
+    if fams and stacked_bars(out / "pass_rate_by_family.png", "Pass rate per op family (all samples)", "pass rate",
+                             [f[:10] for f in fams], {"pass rate": rates}, xlabel="op family"):
+        written.append("pass_rate_by_family.png")
+    return written
+
+
+def html_report(s: dict[str, Any], plots: Sequence[str]) -> str:
+    def tab(head, body):
+        h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+        b = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
+        return f"<table><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>"
+
+    head, body = table_rows(s)
+    n = s["samples"]
+    fam = [[f, str(t["tasks"]), _pct(t.get(f"pass_at_{n}")), _pct(t.get("avg_at_n")), _pct(t.get("faster_eager"))]
+           for f, t in s["families"].items()]
+    imgs = "".join(f'<p><img src="{html.escape(p)}" alt="{html.escape(p)}"></p>' for p in plots)
+    unscored = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in s["unscored"].items())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Evaluation</title><style>"
+            f"body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}"
+            f"td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}}</style></head><body>"
+            f"<h1>Evaluation: {html.escape(str(s.get('label') or s['model']))}</h1>"
+            f"<p>{html.escape(s['tasks_dir'])}: {s['scored_tasks']} of {s['tasks']} tasks scored; {n} samples per "
+            f"task at T={s['temperature']}, up to {s['turns']} turns; backend {html.escape(s['backend'])}. "
+            f"Percentages; Pass@k is the unbiased estimator.</p>"
+            f"{tab(head, body)}<h2>Per op family</h2>"
+            f"{tab(['op family', 'tasks', f'Pass@{n}', f'Avg@{n}', 'Faster vs eager'], fam)}"
+            f"<h2>Plots</h2>{imgs}" + (f"<h2>Not scored</h2><ul>{unscored}</ul>" if unscored else "") +
+            "</body></html>\n")
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def _ints(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+
+
+def parse_args(argv: list[str] | None) -> EvalConfig:
+    p = argparse.ArgumentParser(prog="python -m megatron_rl.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="HF dir, run dir, checkpoint root or iter_* dir")
+    p.add_argument("--tasks", required=True, help="KernelBench-format folder, manifest or list file")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda", "musa"))
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--max-context-tokens", type=int, default=None)
+    p.add_argument("--levels", type=_ints, default=(), help="e.g. 1,2 (default: all)")
+    p.add_argument("--limit", type=int, default=None, help="first N tasks only")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer dir or qwen3-offline (default: the model's)")
+    p.add_argument("--pass-k", type=_ints, default=(1,), help="k values besides --samples (default 1)")
+    p.add_argument("--compare-compile", action="store_true", help="also time torch.compile (Faster vs compile)")
+    p.add_argument("--trials", type=int, default=None, help="verifier correctness trials")
+    p.add_argument("--timing-trials", type=int, default=None)
+    p.add_argument("--precision", default="auto", help="auto (each task's manifest dtype) or float32|float16|bfloat16")
+    p.add_argument("--cache", default=None, metavar="DIR", help="verifier build cache")
+    p.add_argument("--result-cache", default=None, metavar="FILE", help="verifier verdict cache (SQLite)")
+    p.add_argument("--compile-workers", type=int, default=None)
+    p.add_argument("--device", default="auto", help="engine device: auto | cpu | cuda")
+    p.add_argument("--size-profile", default=None, help="manifest size profile (e.g. gpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=64, help="trajectories in flight")
+    p.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine on a CPU")
+    p.add_argument("--label", default=None, help="name of the model in the reports")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    return EvalConfig(model=a.model, tasks=a.tasks, out=a.out, samples=a.samples, turns=a.turns, backend=a.backend,
+                      temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
+                      max_context_tokens=a.max_context_tokens, levels=a.levels, limit=a.limit, tokenizer=a.tokenizer,
+                      pass_k=a.pass_k, compare_compile=a.compare_compile, trials=a.trials,
+                      timing_trials=a.timing_trials, precision=a.precision, cache=a.cache,
+                      result_cache=a.result_cache, compile_workers=a.compile_workers, device=a.device,
+                      size_profile=a.size_profile, seed=a.seed, concurrency=a.concurrency,
+                      engine_threads=a.engine_threads, label=a.label, progress=not a.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from megatron_rl.observability import print_summary
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cfg = parse_args(argv)
+    try:
+        summary = evaluate(cfg)
+    except (ModelError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    o = summary["overall"]
+    n = summary["samples"]
+    print_summary({"model": summary["model"], "tasks": summary["tasks"], "scored_tasks": summary["scored_tasks"],
+                   f"pass_at_{n}": o.get(f"pass_at_{n}"), "pass_at_1": o.get("pass_at_1"),
+                   f"avg_at_{n}": o.get("avg_at_n"), "faster_eager": o.get("faster_eager"),
+                   "faster_compile": o.get("faster_compile"), "speedup_median": o.get("speedup_median"),
+                   "out": cfg.out, "wall_seconds": summary["wall_seconds"]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
