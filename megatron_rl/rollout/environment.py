@@ -122,7 +122,7 @@ class KernelEnvironment:
     @staticmethod
     def config_problems(cfg) -> list[str]:
         """The task set loads (a tenth of a second) and holds tasks of the requested levels."""
-        from megatron_rl.config import abs_path
+        from megatron_rl.config import abs_path  # config imports this module (through the agent's config)
 
         tasks = abs_path(cfg.data.tasks)
         if not tasks.exists():
@@ -171,7 +171,7 @@ def load_kernel_tasks(data, profile: bool = True) -> list:
     verifier then see the same shapes). Raises ValueError naming the key when none is left."""
     from verifier.tasks import load_task_set
 
-    from megatron_rl.config import abs_path
+    from megatron_rl.config import abs_path  # config imports this module (through the agent's config)
 
     path = abs_path(data.tasks)
     tasks = load_task_set(str(path))
