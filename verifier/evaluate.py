@@ -25,6 +25,7 @@ Trust map of the checks:
 """
 from __future__ import annotations
 
+import copy
 import fcntl
 import functools
 import math
@@ -162,6 +163,10 @@ _TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dic
 # a precision probe flags a candidate whose error against the reference reaches this share of the error that
 # rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
 PRECISION_PROBE_RATIO = 0.5
+# ... and is this many times the float32 reference's own error (against float64, at least one ulp of the output
+# scale): where rounding to float16 changes the output less than float32 arithmetic does (a loss reduced to one
+# scalar), no precision can be told apart and nothing is flagged
+PRECISION_PROBE_FP32_FACTOR = 32.0
 # a runtime error that says the device ran out of memory (torch, CUDA/MUSA runtime, cuBLAS/muBLAS)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocation|STATUS_ALLOC_FAILED",
                             re.IGNORECASE)
@@ -643,9 +648,10 @@ class _DeviceStage:
 
     def _precision_probe(self, ref_model, seed: int, leaves: list, ref_leaves: list) -> tuple[str, str] | None:
         """Run on the parent, once per candidate, on a float32 correctness trial that passed: the reference again
-        on the same inputs rounded to float16. An output whose error is of the size that rounding causes was
-        computed in float16, bfloat16 or TF32 (it passed the tolerance, typically on a reduction); an honest
-        float32 kernel's error is thousands of times smaller. Finding: (rule, message) or None."""
+        on the same inputs rounded to float16, and in float64. An output whose error (against float64) is of the
+        size that rounding the inputs causes, and far above the float32 reference's own error, was computed in
+        float16, bfloat16 or TF32 (it passed the tolerance, typically on a long reduction); an honest float32
+        kernel's error is of the float32 reference's order. Finding: (rule, message) or None."""
         import torch
 
         from .inputs import make_inputs
@@ -658,17 +664,38 @@ class _DeviceStage:
         if all(a is b for a, b in zip(args, rounded)):
             self.details["precision_probe"] = {"skipped": "no float32 input"}
             return None
+        if self.work is not None and 2 * self.work[0] > self.cfg.shared_device_max_bytes:
+            self.details["precision_probe"] = {"skipped": "too large for a float64 reference beside the others"}
+            return None
         with torch.no_grad(), self.backend.reference_precision():
             out16 = ref_model(*rounded)
+            try:   # the float32 reference's own error, against float64: the scale of an honest kernel's error
+                model64 = copy.deepcopy(ref_model).to(torch.float64)
+                out64 = model64(*[a.to(torch.float64) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
+                                  else a for a in args])
+            except Exception as e:   # an op without a float64 kernel: no scale, no probe
+                self.details["precision_probe"] = {"skipped": f"no float64 reference: {type(e).__name__}"}
+                return None
         self.backend.synchronize_fn()()
-        leaves16, _ = flatten_outputs(out16)
-        cand = fp16 = 0.0
-        for got, ref, r16 in zip(leaves, ref_leaves, leaves16):
-            cand += squared_error(got, ref)[0]
+        leaves16, leaves64 = flatten_outputs(out16)[0], flatten_outputs(out64)[0]
+        cand = fp16 = fp32 = 0.0
+        count = 0
+        for got, ref, r16, r64 in zip(leaves, ref_leaves, leaves16, leaves64):
+            cand += squared_error(got, r64)[0]
             fp16 += squared_error(r16, ref)[0]
-        ratio = math.sqrt(cand / fp16) if fp16 > 0 else 0.0
-        self.details["precision_probe"] = {"rms_ratio_to_fp16_rounding": ratio}
-        if fp16 > 0 and ratio >= PRECISION_PROBE_RATIO:
+            err32, n = squared_error(ref, r64)
+            fp32 += err32
+            count += n
+        # an honest float32 kernel may be a few times less accurate than torch's (another summation order);
+        # at least one float32 ulp of the outputs' scale counts as the reference's own error
+        scale = math.sqrt(sum(squared_error(r, torch.zeros_like(r))[0] for r in ref_leaves
+                              if isinstance(r, torch.Tensor) and r.is_floating_point()) / max(count, 1))
+        honest = max(math.sqrt(fp32 / max(count, 1)), scale * 2.0 ** -23)
+        rms_cand, rms16 = math.sqrt(cand / max(count, 1)), math.sqrt(fp16 / max(count, 1))
+        ratio = rms_cand / rms16 if rms16 > 0 else 0.0
+        self.details["precision_probe"] = {"rms_ratio_to_fp16_rounding": ratio,
+                                           "rms_ratio_to_fp32_reference": rms_cand / honest if honest > 0 else 0.0}
+        if rms16 > 0 and ratio >= PRECISION_PROBE_RATIO and rms_cand >= PRECISION_PROBE_FP32_FACTOR * honest:
             return ("precision_downgrade", f"your output's error against the float32 reference is {ratio:.2f}x the "
                                            "error of rounding the inputs to float16; compute in float32 (no "
                                            "half/bfloat16 inputs or intermediates, no TF32)")

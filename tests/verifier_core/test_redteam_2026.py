@@ -374,3 +374,41 @@ def test_the_childs_safetensors_writer_round_trips_through_a_memfd():
             assert all(torch.equal(f.get_tensor(k), v) for k, v in tensors.items())
     finally:
         os.close(fd)
+
+
+def _probe(task_name, candidate):
+    """The parent's precision probe on one trial, with ``candidate(inputs)`` standing for the child's output."""
+    import secrets
+
+    import torch
+
+    from verifier.config import VerifierConfig
+    from verifier.devices import get_backend
+    from verifier.inputs import build_model, make_inputs
+    from verifier.tasks import load_task_module
+    stage = _DeviceStage.__new__(_DeviceStage)
+    stage.cfg, stage.details, stage.work = VerifierConfig(), {}, None
+    stage.backend, stage.device = get_backend("cpu"), torch.device("cpu")
+    stage.module = load_task_module(load_task(task_path(task_name)))
+    seed = secrets.randbits(63)
+    ref_model = build_model(stage.module.Model, [], seed, stage.device, "float32")
+    args = make_inputs(stage.module, seed, stage.device, "float32")
+    with torch.no_grad():
+        ref, got = ref_model(*args), candidate(args)
+    return stage._precision_probe(ref_model, seed, [got], [ref]), stage.details["precision_probe"]
+
+
+def test_the_precision_probe_tells_float16_inputs_from_float32_summation_orders():
+    import torch
+    fp16 = _probe("row_sumsq", lambda a: (a[0].half().float() ** 2).sum(dim=1))
+    assert fp16[0] and fp16[0][0] == "precision_downgrade", fp16
+    sequential = _probe("row_sumsq", lambda a: torch.cumsum(a[0] * a[0], dim=1)[:, -1])   # another order, float32
+    assert sequential[0] is None and sequential[1]["rms_ratio_to_fp16_rounding"] < 0.1, sequential
+
+
+def test_the_precision_probe_stays_silent_where_float16_is_below_float32_noise():
+    import torch
+    for candidate in (lambda a: torch.logsumexp(a[0], dim=1).mean() - a[0].gather(1, a[1][:, None]).mean(),
+                      lambda a: torch.nn.functional.cross_entropy(a[0].half().float(), a[1])):
+        finding, details = _probe("cross_entropy", candidate)
+        assert finding is None, details
