@@ -3,8 +3,11 @@
 It exists for one machine and for CI, behind the SGLang HTTP subset (`embedded_server.py`). This
 module holds the engine itself, independent of HTTP:
 
-* a scheduler thread collects waiting requests into waves (up to `max_batch_size`), left-pads them,
-  prefills once and decodes step by step with ``past_key_values``; finished rows leave the KV cache;
+* a scheduler thread batches waiting requests (up to `max_batch_size`), left-pads them, prefills once
+  and decodes step by step with ``past_key_values``; finished rows leave the cache, and requests that
+  arrive meanwhile are prefilled on their own and join the running batch at the next step (continuous
+  batching: their cache rows, K/V for attention layers and the fixed conv/recurrent state of Gated
+  DeltaNet layers, are appended to the batch's);
 * per-request sampling and logprobs (`sampling.py`, SGLang semantics);
 * SGLang control semantics: pause (``abort`` ends in-flight requests with finish reason abort;
   ``in_place``/``retract`` freeze them until continue), flush refused unless idle, memory
@@ -50,10 +53,11 @@ class EmbeddedEngineConfig:
     weight_version: str = "0"
     seed: int | None = None          # base seed for requests without sampling_seed
     context_length: int | None = None  # default: the model's max_position_embeddings
-    # a wave runs to completion before the next starts (no continuous batching), so before starting one
-    # the scheduler waits this long for more requests: a group sent at once otherwise splits into a wave
-    # of one request and a wave of the rest, doubling its time
+    # before starting a batch the scheduler waits this long for more requests, so a group sent at once is
+    # prefilled together rather than as one request and then the rest
     gather_ms: float = 20.0
+    # requests arriving while a batch decodes join it at the next step (False: waves run to completion)
+    continuous_batching: bool = True
 
 
 @dataclasses.dataclass
@@ -109,6 +113,7 @@ class EmbeddedEngine:
         self._staged: _StagedUpdate | None = None
         self._staged_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._joinable: bool | None = None  # can requests join a running batch (decided on the first cache)
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -432,51 +437,82 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def _run_wave(self, wave: list[GenRequest]) -> None:
+        """Decode `wave` to completion. With `continuous_batching`, requests that arrive meanwhile join at the
+        next step (prefilled on their own, then their cache rows appended to the running batch's), so a new
+        turn or a late group never waits for the longest running request."""
+        batch = self._prefill(list(wave), None)
+        if self._joinable is None:
+            self._joinable = self.config.continuous_batching and supports_joining(batch.cache)
+        while True:
+            if not self._check_controls(batch.active):
+                return
+            if batch.drop_finished():
+                self._decode_step(batch)
+                batch.drop_finished()
+            joining = self._admit(len(batch.active)) if self._joinable else []
+            if joining:
+                batch = self._prefill(joining, batch if batch.active else None)
+            elif not batch.active:
+                return
+
+    def _admit(self, running: int) -> list[GenRequest]:
+        """Waiting requests that fit the batch now (none while paused or stopping); they join `_running`."""
+        with self._cv:
+            if self._paused is not None or self._stop or not self._waiting:
+                return []
+            room = self.config.max_batch_size - running
+            joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            self._running = [r for r in self._running if r.finish is None] + joining
+            return joining
+
+    def _prefill(self, joining: list[GenRequest], batch: "_Batch | None") -> "_Batch":
+        """Prefill `joining` (left-padded), sample their first token, and append them to `batch`."""
+        from transformers import DynamicCache
+
         dev = self.device
-        max_len = max(len(r.prompt) for r in wave)
-        ids = torch.zeros(len(wave), max_len, dtype=torch.long)
-        mask = torch.zeros(len(wave), max_len, dtype=torch.long)
-        for i, r in enumerate(wave):
+        max_len = max(len(r.prompt) for r in joining)
+        ids = torch.zeros(len(joining), max_len, dtype=torch.long)
+        mask = torch.zeros(len(joining), max_len, dtype=torch.long)
+        for i, r in enumerate(joining):
             ids[i, max_len - len(r.prompt):] = torch.tensor(r.prompt)
             mask[i, max_len - len(r.prompt):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=self.model.config)
-        active = list(wave)
-        step_ids, step_pos = ids, pos
-        while active:
-            if not self._check_controls(active):
-                return
-            keep = [i for i, r in enumerate(active) if r.finish is None]
-            if len(keep) < len(active):
-                if not keep:
-                    return
-                idx = torch.tensor(keep, device=dev)
-                # reorder_cache selects along the batch in every kind of cache layer, the GDN layers' conv and
-                # recurrent states included (batch_select_indices only knows attention K/V)
-                cache.reorder_cache(idx)
-                mask, step_ids, step_pos = mask[idx], step_ids[idx], step_pos[idx]
-                active = [active[i] for i in keep]
-            with self._model_lock:
-                if "weights" in self._released:
-                    raise EngineStateError("weights were released during generation")
-                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1, :].float()
-            tokens, lps = sample(logits, [r.sampling for r in active], [r.generator for r in active])
-            tokens_l, lps_l = tokens.tolist(), lps.tolist()
-            with self._cv:
-                for r, t, lp in zip(active, tokens_l, lps_l):
-                    r.tokens.append(int(t))
-                    r.logprobs.append(float(lp))
-                    reason = self._stop_reason(r, int(t))
-                    if reason is not None:
-                        self._finish(r, reason)
-            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype, device=dev)], dim=1)
-            step_pos = step_pos[:, -1:] + 1
-            step_ids = tokens.view(-1, 1)
+        tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
+        new = _Batch(cache=cache, mask=mask, step_ids=tokens.view(-1, 1), step_pos=pos[:, -1:] + 1,
+                     active=list(joining))
+        if batch is None or not batch.active:
+            return new
+        batch.append(new)
+        return batch
+
+    def _decode_step(self, batch: "_Batch") -> None:
+        mask = torch.cat([batch.mask, torch.ones(len(batch.active), 1, dtype=batch.mask.dtype,
+                                                 device=batch.mask.device)], dim=1)
+        tokens = self._forward_and_sample(batch.active, batch.step_ids, mask, batch.step_pos, batch.cache)
+        batch.mask, batch.step_ids, batch.step_pos = mask, tokens.view(-1, 1), batch.step_pos + 1
+
+    def _forward_and_sample(self, active: list[GenRequest], ids, mask, pos, cache) -> torch.Tensor:
+        """One forward over `active` (prefill or a decode step); records each request's new token."""
+        with self._model_lock:
+            if "weights" in self._released:
+                raise EngineStateError("weights were released during generation")
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
+        tokens, lps = sample(logits, [r.sampling for r in active], [r.generator for r in active])
+        tokens_l, lps_l = tokens.tolist(), lps.tolist()
+        with self._cv:
+            for r, t, lp in zip(active, tokens_l, lps_l):
+                if r.finish is not None:
+                    continue
+                r.tokens.append(int(t))
+                r.logprobs.append(float(lp))
+                reason = self._stop_reason(r, int(t))
+                if reason is not None:
+                    self._finish(r, reason)
+        return tokens
 
     def _stop_reason(self, r: GenRequest, t: int) -> dict | None:
         if not r.sampling.ignore_eos and t in self.eos_ids:
@@ -549,3 +585,87 @@ def _parse_staged(staged: dict | None) -> tuple[str, bool, int | None]:
     if total is not None and (not isinstance(total, int) or total < 0):
         raise WeightUpdateError(f"staged.total_tensors must be a non-negative int, got {total!r}")
     return staged["update_id"], bool(staged.get("final", True)), total
+
+
+@dataclasses.dataclass
+class _Batch:
+    """The requests decoding together and their shared state: an HF cache left-padded to a common length,
+    the attention mask (1 = a real token), each row's last sampled token and next position."""
+
+    cache: Any
+    mask: torch.Tensor
+    step_ids: torch.Tensor
+    step_pos: torch.Tensor
+    active: list[GenRequest]
+
+    def drop_finished(self) -> bool:
+        """Remove finished rows (and the padding columns no row needs any more); False when none are left."""
+        keep = [i for i, r in enumerate(self.active) if r.finish is None]
+        if not keep:
+            self.active = []
+            return False
+        if len(keep) < len(self.active):
+            idx = torch.tensor(keep, device=self.mask.device)
+            # reorder_cache selects along the batch in every kind of cache layer, the GDN layers' conv and
+            # recurrent states included (batch_select_indices only knows attention K/V)
+            self.cache.reorder_cache(idx)
+            self.mask, self.step_ids, self.step_pos = self.mask[idx], self.step_ids[idx], self.step_pos[idx]
+            self.active = [self.active[i] for i in keep]
+            used = self.mask.any(dim=0).nonzero()
+            first = int(used[0]) if used.numel() else 0
+            if first > 0:   # columns that only finished rows needed
+                self.mask = self.mask[:, first:]
+                _crop_left(self.cache, first)
+        return True
+
+    def append(self, other: "_Batch") -> None:
+        """Append `other`'s rows: both left-padded to the longer length, caches concatenated along the batch."""
+        length = max(self.mask.shape[1], other.mask.shape[1])
+        _concat_caches(self.cache, other.cache, self.mask.shape[1], other.mask.shape[1], length)
+        self.mask = torch.cat([_pad_left(self.mask, length, -1), _pad_left(other.mask, length, -1)])
+        self.step_ids = torch.cat([self.step_ids, other.step_ids])
+        self.step_pos = torch.cat([self.step_pos, other.step_pos])
+        self.active = self.active + other.active
+
+
+def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _concat_caches(a, b, a_len: int, b_len: int, length: int) -> None:
+    """Rows of cache `b` appended to cache `a` in place. Attention layers hold K/V ``[batch, heads, len, dim]``
+    (left-padded to `length`; the mask hides the padding), linear-attention (GDN) layers a fixed-size conv
+    and recurrent state per row."""
+    for la, lb in zip(a.layers, b.layers):
+        for name, old_len in (("keys", a_len), ("values", a_len)):
+            ta, tb = getattr(la, name, None), getattr(lb, name, None)
+            if torch.is_tensor(ta) and torch.is_tensor(tb):
+                setattr(la, name, torch.cat([_pad_left(ta, length, -2), _pad_left(tb, length, -2)]))
+        for name in ("conv_states", "recurrent_states"):
+            da, db = getattr(la, name, None), getattr(lb, name, None)
+            if isinstance(da, dict) and isinstance(db, dict):
+                for i in db:
+                    if torch.is_tensor(da.get(i)) and torch.is_tensor(db[i]):
+                        da[i] = torch.cat([da[i], db[i]])
+
+
+def _crop_left(cache, n: int) -> None:
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if torch.is_tensor(t) and t.dim() == 4:
+                setattr(layer, name, t[:, :, n:, :])
+
+
+def supports_joining(cache) -> bool:
+    """Whether `_concat_caches` knows every layer of this cache (dynamic attention and linear attention)."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+    return all(isinstance(layer, (DynamicLayer, LinearAttentionCacheLayerMixin))
+               and not getattr(layer, "is_sliding", False) for layer in cache.layers)
+
