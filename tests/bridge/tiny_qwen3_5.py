@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from tests.bridge.tiny_qwen3 import hf_tensors, tokens  # noqa: F401  (the same helpers serve both)
+
 
 def tiny_config(*, layers: int = 4, vocab: int = 250, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
                 head_dim: int = 16, ffn: int = 96, key_heads: int = 2, value_heads: int = 4, key_dim: int = 8,
@@ -86,14 +88,3 @@ def multimodal_tensors(model, mm_cfg, seed: int = 7) -> dict[str, torch.Tensor]:
     out["mtp.norm.weight"] = torch.randn(h, generator=gen)
     out["mtp.layers.0.mlp.down_proj.weight"] = torch.randn(h, 8, generator=gen).to(torch.bfloat16)
     return out
-
-
-def hf_tensors(model) -> dict[str, torch.Tensor]:
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)
-    return sd
-
-
-def tokens(vocab: int, batch: int = 2, seq: int = 11, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
