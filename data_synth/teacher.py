@@ -103,6 +103,18 @@ static DimSplit split_dim(const torch::Tensor& t, int64_t dim, bool keepdim) {
 }
 """
 
+# composite references (F.normalize, logsumexp) store intermediates in the tensor dtype: mirror that rounding
+_CPU_RND = """
+// Round to the tensor dtype and back, as a reference that stores an intermediate tensor does.
+template <typename scalar_t>
+static inline double rnd(double v) { return static_cast<float>(static_cast<scalar_t>(static_cast<float>(v))); }
+"""
+_CUDA_RND = """
+// Round to the tensor dtype and back, as a reference that stores an intermediate tensor does.
+template <typename scalar_t>
+__device__ __forceinline__ float rnd(float v) { return static_cast<float>(static_cast<scalar_t>(v)); }
+"""
+
 # reduction kinds: (init, update, finalize) over double accumulators acc/aux, float v, index r
 _CPU_REDUCE = {
     "sum": ("0.0", "acc[i] += v;", "acc[i]"),
@@ -121,9 +133,9 @@ def _cpu_reduce_helper(kind: str) -> str:
         first = "aux[i] += v;" if kind != "logsumexp" else "aux[i] = v > aux[i] ? v : aux[i];"
         init_aux = "0.0" if kind != "logsumexp" else "-INFINITY"
         second = ("{ const double dv = v - aux[i] / R; acc[i] += dv * dv; }" if kind != "logsumexp"
-                  else "acc[i] += std::exp(static_cast<double>(v) - aux[i]);")
+                  else "acc[i] += rnd<scalar_t>(std::exp(rnd<scalar_t>(v - aux[i])));")
         fin = {"var": "acc[i] / static_cast<double>(R - 1)", "std": "std::sqrt(acc[i] / static_cast<double>(R - 1))",
-               "logsumexp": "aux[i] + std::log(acc[i])"}[kind]
+               "logsumexp": "aux[i] + rnd<scalar_t>(std::log(rnd<scalar_t>(acc[i])))"}[kind]
         return f"""
 // {kind} over the middle axis of an (outer, R, inner) buffer: two passes per output element.
 template <typename scalar_t, typename out_t>
@@ -166,7 +178,7 @@ def _cpu_rowwise_helper(kind: str) -> str:
     """softmax / log_softmax / l2_normalize along the middle axis (three passes)."""
     if kind == "l2_normalize":
         p1, p2, write = ("", "acc[i] += static_cast<double>(v) * v;",
-                         "v / std::max(std::sqrt(acc[i]), 1e-12)")
+                         "v / std::max(rnd<scalar_t>(std::sqrt(acc[i])), 1e-12)")
         init_mx = "0.0"
     else:
         p1 = "mx[i] = v > mx[i] ? v : mx[i];"
@@ -338,6 +350,8 @@ class _Gen:
                 steps.append(f"{{ const float a = v, b = static_cast<float>(p{e}[i]); v = {self.expr(j, node)}; }}")
             else:
                 steps.append(f"v = {self.expr(j, node)};")
+            if j != last:   # round to the tensor dtype between ops, as the op-by-op reference does (float32: no-op)
+                steps.append("v = static_cast<float>(static_cast<scalar_t>(v));")
         lines += self._elementwise_loop(m, out, extras, steps, first)
         self.body += lines
         for j in group:
@@ -389,6 +403,8 @@ class _Gen:
                          f"accumulator per output element")
 
     def _reduce_helper(self, kind: str) -> str:
+        if kind == "logsumexp":
+            self.helpers["rnd"] = _CPU_RND
         return _cpu_reduce_helper(kind)
 
     def _reduce_launch(self, kind, inp, out, sp, out_t) -> list[str]:
@@ -410,6 +426,8 @@ class _Gen:
                          f"double accumulators for stability")
 
     def _rowwise_helper(self, kind: str) -> str:
+        if kind == "l2_normalize":
+            self.helpers["rnd"] = _CPU_RND
         return _cpu_rowwise_helper(kind)
 
     def _rowwise_launch(self, kind, inp, out, sp) -> list[str]:
@@ -671,7 +689,7 @@ def _plan_text(task: GeneratedTask, gen: _Gen) -> str:
     out = g.nodes[g.out_node].out
     steps = [f"1. Semantics: {task.description}",
              "2. Scalar math: every element is computed in float (double for accumulations) and rounded to the "
-             "tensor dtype once, at the store.",
+             "tensor dtype after each op, as the op-by-op reference rounds.",
              f"3. Shapes: inputs {shapes}; output {list(out.sizes('cpu'))} {out.dtype}.",
              "4. Index mapping: " + "; ".join(gen.plan) + ".",
              "5. Boundaries: inputs are made contiguous first (strided views are copied once), broadcast operands "
@@ -787,6 +805,7 @@ __global__ void elementwise_{tag}(const scalar_t* __restrict__ src{params}, scal
 
     def _reduce_helper(self, kind: str) -> str:
         self.helpers["block_reduce"] = _CUDA_BLOCK_REDUCE
+        self.helpers["rnd"] = _CUDA_RND
         one_pass = {"sum": ("0.f", "SumOp()", "acc", "acc += v;"), "mean": ("0.f", "SumOp()", "acc / R", "acc += v;"),
                     "amax": ("-INFINITY", "MaxOp()", "acc", "acc = fmaxf(acc, v);"),
                     "amin": ("INFINITY", "MinOp()", "acc", "acc = fminf(acc, v);"),
@@ -810,15 +829,15 @@ __global__ void elementwise_{tag}(const scalar_t* __restrict__ src{params}, scal
     for (int64_t r = threadIdx.x; r < R; r += blockDim.x) mx = fmaxf(mx, static_cast<float>(base[r]));
     mx = block_reduce(mx, MaxOp());
     float s = 0.f;
-    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) s += expf(static_cast<float>(base[r]) - mx);
+    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) s += rnd<scalar_t>(expf(rnd<scalar_t>(static_cast<float>(base[r]) - mx)));
     s = block_reduce(s, SumOp());
-    if (threadIdx.x == 0) dst[row] = static_cast<out_t>(mx + logf(s));"""
+    if (threadIdx.x == 0) dst[row] = static_cast<out_t>(mx + rnd<scalar_t>(logf(rnd<scalar_t>(s))));"""
                 col = """
         float mx = -INFINITY;
         for (int64_t r = 0; r < R; ++r) mx = fmaxf(mx, static_cast<float>(base[r * inner]));
         float s = 0.f;
-        for (int64_t r = 0; r < R; ++r) s += expf(static_cast<float>(base[r * inner]) - mx);
-        dst[idx] = static_cast<out_t>(mx + logf(s));"""
+        for (int64_t r = 0; r < R; ++r) s += rnd<scalar_t>(expf(rnd<scalar_t>(static_cast<float>(base[r * inner]) - mx)));
+        dst[idx] = static_cast<out_t>(mx + rnd<scalar_t>(logf(rnd<scalar_t>(s))));"""
             else:
                 fin = "sqrtf(ss / (R - 1))" if kind == "std" else "ss / (R - 1)"
                 row = f"""
@@ -884,17 +903,18 @@ __global__ void reduce_{kind}_rows(const scalar_t* __restrict__ src, out_t* __re
 
     def _rowwise_helper(self, kind: str) -> str:
         self.helpers["block_reduce"] = _CUDA_BLOCK_REDUCE
+        self.helpers["rnd"] = _CUDA_RND
         if kind == "l2_normalize":
             row_stats = """
     float ss = 0.f;
     for (int64_t r = threadIdx.x; r < R; r += blockDim.x) { const float v = static_cast<float>(base[r]); ss += v * v; }
-    const float inv = 1.f / fmaxf(sqrtf(block_reduce(ss, SumOp())), 1e-12f);"""
-            row_write = "static_cast<float>(base[r]) * inv"
+    const float nrm = fmaxf(rnd<scalar_t>(sqrtf(block_reduce(ss, SumOp()))), 1e-12f);"""
+            row_write = "static_cast<float>(base[r]) / nrm"
             col_stats = """
         float ss = 0.f;
         for (int64_t r = 0; r < R; ++r) { const float v = static_cast<float>(base[r * inner]); ss += v * v; }
-        const float inv = 1.f / fmaxf(sqrtf(ss), 1e-12f);"""
-            col_write = "static_cast<float>(base[r * inner]) * inv"
+        const float nrm = fmaxf(rnd<scalar_t>(sqrtf(ss)), 1e-12f);"""
+            col_write = "static_cast<float>(base[r * inner]) / nrm"
         else:
             row_stats = """
     float mx = -INFINITY;
