@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -53,7 +54,10 @@ def test_the_shared_pins_are_the_ones_the_h200_results_ran_with():
 @pytest.mark.skipif(Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(), reason="not running in the project's .venv")
 def test_the_venv_is_exactly_the_dev_lock():
     pins = lock.read_pins(ROOT / "requirements-dev.lock")
-    installed = {lock.canon(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    # Only the venv's own site-packages: setuptools puts its _vendor folder (a second, older `packaging`)
+    # on sys.path once something imports it, and which copy wins would then depend on test order.
+    site_dirs = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {lock.canon(d.metadata["Name"]): d.version for d in metadata.distributions(path=site_dirs)}
     wrong = {n: (v, installed.get(n)) for n, v in pins.items() if installed.get(n) != v}
     assert not wrong, f"the venv differs from requirements-dev.lock (pinned, installed): {wrong}"
 
