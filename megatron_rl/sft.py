@@ -420,7 +420,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", help="HF checkpoint dir to start from (same as model.path=...)")
     p.add_argument("--data", action="append", help="SFT JSONL file (repeatable; same as data.files=[...])")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=3 actor.lr=1e-5")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)   # overrides may come before and after --data
 
 
 def main(argv: list[str] | None = None) -> int:
