@@ -35,6 +35,9 @@ def test_reduced_recipe_orders_the_stages(tmp_path):
     for stage in st:
         out = work / "eval" / stage
         assert {"summary.json", "report.md", "report.html", "results.jsonl"} <= set(os.listdir(out)), stage
+    # the RL stage ran the quickstart preset: its step dumped every trajectory with its verdicts
+    rl_samples = (work / "rl" / "samples" / "step_000000.jsonl").read_text().splitlines()
+    assert len(rl_samples) == 2 * 2 and all(json.loads(s)["turns"][0]["category"] for s in rl_samples)
     rl_eval = json.loads((work / "eval" / "rl" / "summary.json").read_text())
     assert rl_eval["model"] == final and rl_eval["scored_tasks"] == 2
     rft = result["rft"]

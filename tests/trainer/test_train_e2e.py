@@ -1,5 +1,5 @@
 """The RL driver end to end on a CPU: learning and the on-policy invariant through Ray, resume after a kill,
-the disaggregated async placement, quickstart.
+the disaggregated async placement. (The quickstart preset trains in tests/sft/test_recipe.py's RL stage.)
 
 Each test runs `python -m megatron_rl.train` as users do (a subprocess), on the toy task or the
 bundled kernel tasks, and reads what the run leaves behind (metrics.jsonl, summary.json, checkpoints).
@@ -80,17 +80,6 @@ def test_resume_after_kill_continues_identically(tmp_path):
     kl = [r["train/kl_loss"] for r in want]
     assert 0 < kl[0] < kl[1] < kl[2] < kl[3], kl
     assert all(r["train/mini_batches"] == 2 for r in want) and max(r["train/pg_clipfrac"] for r in want) > 0
-
-
-@pytest.mark.slow
-def test_quickstart_config_runs_one_step(tmp_path):
-    summary = ok(train(tmp_path, "qs", "train.steps=1", "cluster.backend=local", config="configs/quickstart.yaml")[0])
-    assert summary["steps"] == 1
-    rows = metrics(tmp_path / "qs")
-    assert rows[0]["reward/mean"] == pytest.approx(rows[0]["reward/mean"])  # finite
-    samples = (tmp_path / "qs" / "samples" / "step_000000.jsonl").read_text().splitlines()
-    assert len(samples) == 2 * 4  # prompts_per_step * group_size, every trajectory dumped with verdicts
-    assert all(json.loads(s)["turns"][0]["category"] for s in samples)
 
 
 @pytest.mark.slow
