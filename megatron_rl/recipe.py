@@ -35,7 +35,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_synth.compact import STYLES, supported_ops
+from data_synth.decontam import Decontaminator, Reference
+from data_synth.generate import GenConfig
+from data_synth.pipeline import generate_task_set
+from data_synth.taskset import read_task_set, write_task_set
+from data_synth.validate import ValidationConfig
 from megatron_rl.config import REPO_ROOT, ConfigError, abs_path
+from megatron_rl.evaluate import table_rows
 
 STAGES = ("init", "sft", "rft", "rl")
 
@@ -99,9 +106,8 @@ def load_recipe_config(path: str | None, overrides: list[str]) -> RecipeConfig:
     except Exception as e:  # noqa: BLE001 - OmegaConf's validation errors name the key
         raise ConfigError(str(e).splitlines()[0]) from None
     problems = []
-    from data_synth.compact import STYLES, supported_op
-
-    problems += [f"ops: {o} is not an op the compact teacher writes" for o in cfg.ops if not _known_op(o, supported_op)]
+    known = set(supported_ops())
+    problems += [f"ops: {o} is not an op the compact teacher writes" for o in cfg.ops if o not in known]
     problems += [f"compact_styles: {s} is not one of {STYLES}" for s in cfg.compact_styles if s not in STYLES]
     if cfg.stop_after is not None and cfg.stop_after not in STAGES:
         problems.append(f"stop_after must be one of {STAGES}, got {cfg.stop_after!r}")
@@ -111,13 +117,6 @@ def load_recipe_config(path: str | None, overrides: list[str]) -> RecipeConfig:
     if problems:
         raise ConfigError(problems)
     return cfg
-
-
-def _known_op(name: str, supported) -> bool:
-    try:
-        return supported(name)
-    except KeyError:
-        return False
 
 
 class StageFailed(RuntimeError):
@@ -166,12 +165,6 @@ class Recipe:
     def tasks(self) -> tuple[Path, Path, dict[str, Any]]:
         """Training tasks (stage 1 + stage-2 compositions) and held-out tasks (another seed, decontaminated
         against the training set and KernelBench), each merged into one task set."""
-        from data_synth.decontam import Decontaminator, Reference
-        from data_synth.generate import GenConfig
-        from data_synth.pipeline import generate_task_set
-        from data_synth.taskset import write_task_set
-        from data_synth.validate import ValidationConfig
-
         c = self.cfg
         t0 = time.perf_counter()
         kb = Reference.load_index()
@@ -261,8 +254,6 @@ def stage_row(summary: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any], summaries: dict[str, dict]) -> str:
-    from megatron_rl.evaluate import table_rows
-
     n = result["eval_samples"]
     lines = [f"# The recipe on a CPU: every stage on {result['heldout_tasks']} held-out tasks", "",
              f"Held-out: {result['tasks']['heldout_single']} stage-1 tasks (ops seen in training, unseen shapes) and "
@@ -314,8 +305,6 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
     if cfg.stop_after not in ("init", "sft"):
         rft_tasks = train
         if cfg.rft_prompts is not None:
-            from data_synth.taskset import read_task_set, write_task_set
-
             rft_tasks = Path(write_task_set(read_task_set(str(train))[:cfg.rft_prompts], str(root / "tasks" / "rft"),
                                             force=True, info={"command": "recipe", "part": "rft"}))
         rft_info = rc.run("rft_sample", ["-m", "data_synth", "--no-progress", "rft", "--tasks", str(rft_tasks),
