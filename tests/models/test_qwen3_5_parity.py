@@ -20,9 +20,10 @@ CASES_2 = [
     (1, 2, "text", False),
 ]
 CASES_4 = [(2, 2, "multimodal", False)]
-# fp32 logits against HF's torch path: on CPU both sides run torch; on a GPU Megatron runs fla's Triton kernels
-# (TF32 dot products inside), so the bound there is looser
-TOL = 1e-4 if not torch.cuda.is_available() else 2e-3
+# fp32 logits against HF's torch path: on CPU both sides run torch; on a GPU both run fla's Triton kernels, whose
+# dot products are TF32 (unit roundoff 2^-11), called with different layouts and l2norm placement. Measured on
+# an H200 (2026-12-02): 2.4e-3 max over the 2x70 logits of the tiny model; a wrong weight or mask is O(0.1-1)
+TOL = 1e-4 if not torch.cuda.is_available() else 5e-3
 
 
 def _packed_logits(chunks, cfg, seqs):
