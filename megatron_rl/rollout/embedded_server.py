@@ -19,9 +19,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from ..sync.transport import (WeightGroupSpec, WeightUpdateGroup, decode_payload
                               receive_flattened, receive_per_tensor)
 from .embedded_engine import EmbeddedEngine, EmbeddedEngineConfig, EngineStateError, check_tags
 from .sampling import RequestSampling, SamplingParamError
+from .sglang_engine import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -608,12 +611,37 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
+def exit_with_parent(poll_s: float = 1.0) -> threading.Thread | None:
+    """Exit this server once the process that launched it (``PARENT_PID_ENV``) is gone: it runs in a session of
+    its own, so a launcher killed without stopping it (SIGKILL, an OOM kill, Ray tearing an actor down) would
+    otherwise leave it holding its port and its device memory. None when no launcher pid was given."""
+    raw = os.environ.get(PARENT_PID_ENV)
+    if not raw:
+        return None
+    parent = int(raw)
+    if os.getppid() != parent:   # already orphaned (or launched through a wrapper): nothing to watch reliably
+        log.warning("%s=%s but the parent is %d; not watching it", PARENT_PID_ENV, raw, os.getppid())
+        return None
+
+    def watch() -> None:
+        while os.getppid() == parent:   # an orphan is re-parented (to init or a subreaper)
+            time.sleep(poll_s)
+        log.warning("launching process %d is gone; exiting", parent)
+        logging.shutdown()
+        os._exit(0)
+
+    t = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    t.start()
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser()
     args, unknown = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if unknown:
         log.warning("ignoring SGLang arguments the embedded engine does not use: %s", " ".join(unknown))
+    exit_with_parent()
     if args.tp_size != 1:
         parser.error(f"--tp-size {args.tp_size}: the embedded engine runs one rank; use SGLang for tensor parallelism")
     hf_config = None

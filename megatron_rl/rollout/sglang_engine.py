@@ -32,6 +32,8 @@ from .client import ClientConfig, EngineClient
 from .engine import HttpEngine
 
 log = logging.getLogger(__name__)
+# set in every launched server's environment: the launching process, whose death ends an embedded server
+PARENT_PID_ENV = "MEGATRON_RL_PARENT_PID"
 
 
 class ServerLaunchError(RuntimeError):
@@ -176,6 +178,9 @@ class ServerProcess:
             else:
                 env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # the server runs in its own session (a Ctrl-C meant for the parent must not kill it mid-request), so it
+        # would outlive a parent killed without running stop(); the embedded server exits when this pid is gone
+        env[PARENT_PID_ENV] = str(os.getpid())
         return env
 
     # ------------------------------------------------------------------ start / stop

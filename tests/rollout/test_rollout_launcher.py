@@ -2,9 +2,13 @@
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
+import psutil
 from aiohttp import web
 
 from megatron_rl.rollout.client import EngineClient, EngineConnectionError
@@ -226,3 +230,44 @@ def test_sglang_engine_ray_actor_launches_and_relaunches(model_dir, tmp_path):
         ray.get(engine.launcher.actor.stop.remote())
     finally:
         ray.shutdown()
+
+
+def _launcher_with_server(model: str) -> tuple[subprocess.Popen, int]:
+    """A process that serves ``model`` through ``serve_embedded`` and then waits; (it, its server's pid)."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from megatron_rl.rollout.local_engine import serve_embedded
+        with serve_embedded({model!r}, max_batch_size=2, threads=1):
+            print("up", flush=True)
+            time.sleep(600)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root,
+                                env=dict(os.environ, PYTHONPATH=root))
+    assert launcher.stdout.readline().strip() == "up"
+    servers = psutil.Process(launcher.pid).children()
+    assert len(servers) == 1, servers
+    return launcher, servers[0].pid
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout=within_s)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        os.kill(pid, signal.SIGKILL)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_launcher_leaves_no_server_behind(model_dir, sig):
+    """The server runs in its own session; a plain kill of the tool that launched it (RFT, evaluation) unwinds
+    the tool and stops it, and a SIGKILL ends it through its watch on the launcher's pid."""
+    launcher, server = _launcher_with_server(model_dir[0])
+    launcher.send_signal(sig)
+    launcher.wait(timeout=30)
+    assert _gone(server, within_s=20), f"server {server} outlived its launcher ({signal.Signals(sig).name})"
+    if sig == signal.SIGTERM:
+        assert launcher.returncode == 128 + signal.SIGTERM   # unwound through SystemExit, not killed on the spot
