@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import mmap
 import os
 import sys
 import traceback
@@ -35,6 +36,8 @@ if _ROOT not in sys.path:
 from verifier.sandbox import OUTPUT_SEALS  # noqa: E402  (stdlib only, like this module until isolation)
 
 _write = os.write  # captured before any candidate code exists
+_pwrite, _ftruncate, _mmap = os.pwrite, os.ftruncate, mmap.mmap
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 _ERR_TAIL = 4000
 
 
@@ -242,11 +245,12 @@ def run_build(job: dict, chan: Channel) -> None:
 
 
 def _write_safetensors(fd: int, tensors: dict) -> None:
-    """Write contiguous CPU tensors to ``fd`` in the safetensors format (8-byte header length, JSON header,
-    raw data), streaming from each tensor's memory: no second copy of outputs that can take gigabytes, and no
-    path (safetensors' own writer renames a temp file next to its target, which a memfd does not have)."""
-    import ctypes
-
+    """Write tensors (on any device) to the memfd ``fd`` in the safetensors format (8-byte header length, JSON
+    header, raw data): the file is sized first, then each tensor is copied straight into its shared mapping
+    (a device tensor device-to-host, in one pass: no host copy of outputs that take gigabytes before they are
+    written), and the mapping is gone again on return, so the file can be sealed against writes. No path
+    (safetensors' own writer renames a temp file next to its target, which a memfd does not have)."""
+    import torch
     from safetensors.torch import _TYPES
     names = {dtype: name for name, dtype in _TYPES.items()}
     header, offset = {}, 0
@@ -256,15 +260,25 @@ def _write_safetensors(fd: int, tensors: dict) -> None:
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    chunks = [len(text).to_bytes(8, "little"), text]
-    for t in tensors.values():
-        size = t.numel() * t.element_size()
-        if size:
-            chunks.append(memoryview((ctypes.c_char * size).from_address(t.data_ptr())).cast("B"))
-    for chunk in chunks:
-        view = memoryview(chunk)
-        while view:
-            view = view[_write(fd, view[:1 << 26]):]
+    head = len(text).to_bytes(8, "little") + text
+    _ftruncate(fd, len(head) + offset)
+    view = memoryview(head)
+    while view:
+        view = view[_pwrite(fd, view, len(head) - len(view)):]
+    if not offset:
+        return
+    mm = _mmap(fd, len(head) + offset, flags=_MAP_FLAGS)
+    try:
+        tb = torch._C.TensorBase
+        for key, t in tensors.items():
+            start, end = header[key]["data_offsets"]
+            if end > start:
+                src = tb.view(tb.reshape(tb.contiguous(t), (-1,)), torch.uint8)
+                dst = torch.frombuffer(mm, dtype=torch.uint8, count=end - start, offset=len(head) + start)
+                tb.copy_(dst, src)
+                del dst, src
+    finally:
+        mm.close()   # a writable mapping left behind would make sealing fail
 
 
 _MISSING = object()
@@ -392,6 +406,7 @@ class DeviceSession:
         self._ablation: dict | None = None                 # counters of the current ablation trial
         self._protected: set[int] = set()                  # storages an ablation must never overwrite
         self.precision = job["precision"]
+        self.held = None                         # (outputs, ablation restores) of a trial run with "hold"
         self.handed: list[int] = []              # sealed output memfds sent to the parent (closed at the next request)
         self.ref_model = self.new_model = self.compiled_ref = None
         self.args: dict[str, list] = {}
@@ -575,16 +590,23 @@ class DeviceSession:
         self.task = _load_module(TASK_MODULE_NAME, task_path)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _save(self, out) -> dict:
-        from verifier.correctness import flatten_outputs
-        torch = self.torch
+    def _save(self, out, sample: tuple[int, int] | None = None) -> dict:
+        """Hand ``out`` over in a sealed memfd. With ``sample`` (seed, k: sent by the parent after the call
+        returned) a tensor of more than k entries travels as the entries ``correctness.sample_index`` picks
+        (its full shape in ``shapes``), gathered on its device: a few MB instead of gigabytes."""
+        from verifier.correctness import flatten_outputs, sample_index
         leaves, spec = flatten_outputs(out)
-        tensors, values, types = {}, {}, []
+        tensors, values, types, shapes = {}, {}, [], {}
         tb = self._tb
         for i, leaf in enumerate(leaves):
             types.append(type(leaf).__name__)
             if issubclass(type(leaf), tb):
-                tensors[f"out{i}"] = tb.contiguous(tb.to(tb.detach(leaf), "cpu", copy=True))
+                t = tb.detach(leaf)
+                idx = sample_index(tb.numel(t), int(sample[1]), int(sample[0]) + i) if sample else None
+                if idx is not None:
+                    shapes[str(i)] = list(tb.size(t))
+                    t = tb.index_select(tb.reshape(t, (-1,)), 0, tb.to(idx, tb.device.__get__(t)))
+                tensors[f"out{i}"] = t
             elif leaf is None or type(leaf) in (bool, int, float):
                 values[str(i)] = leaf
             else:
@@ -596,7 +618,7 @@ class DeviceSession:
         _write_safetensors(fd, tensors)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, OUTPUT_SEALS)
         self.handed.append(fd)
-        return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves)}
+        return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
 
     def close_handed(self) -> None:
         """Drop this process's descriptors of outputs already sent (the parent holds its own by now)."""
@@ -609,16 +631,27 @@ class DeviceSession:
         return s.data_ptr(), s.data_ptr() + s.nbytes()
 
     def _bytesum(self, x, chunk: int = 64 << 20):
-        """Two byte sums of a large tensor, accumulated over slices: a whole-tensor int64 sum would
-        materialise an 8x copy (tens of GB for KernelBench-sized inputs)."""
+        """Two sums of a large tensor's 64-bit words, wrapping (32-bit words, or bytes, summed into int64 when
+        its size is no multiple of eight or four): all of them, and every seventh; accumulated over slices of
+        ``chunk`` words (a widening whole-tensor sum would materialise a copy of several times the input: tens
+        of GB for KernelBench-sized inputs). A native int64 sum reads the data once at memory speed, where a
+        widening byte sum costs seconds per trial on a CPU at those sizes; any change of one word changes the
+        first sum."""
         torch = self.torch
         b = x.detach().contiguous().reshape(-1).view(torch.uint8)
+        wide = b.numel() % 8 == 0
+        if wide:
+            b = b.view(torch.int64)
+        elif b.numel() % 4 == 0:
+            b = b.view(torch.int32)
         total = strided = 0
         for start in range(0, b.numel(), chunk):
             part = b[start:start + chunk]
             total += int(part.sum(dtype=torch.int64))
             offset = (-start) % 7  # keep the global stride-7 sample aligned across slices
             strided += int(part[offset::7].sum(dtype=torch.int64))
+        if wide:   # int64 sums wrap: the same residue whatever the slicing
+            total, strided = total % (1 << 64), strided % (1 << 64)
         return total, strided
 
     def _fingerprints(self, inputs):
@@ -671,8 +704,13 @@ class DeviceSession:
         from verifier.correctness import flatten_outputs
         torch = self.torch
         self.integrity()
+        now, ms = self.timer.now, {}
+        t = now()
         args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
+        self.timer.synchronize()
+        ms["trial_inputs"], t = (now() - t) * 1e3, now()
         prints = self._fingerprints(args)
+        ms["trial_fingerprints"], t = (now() - t) * 1e3, now()
         calls_before, opaque_before = self.client.native_calls, self.client.opaque_calls
         if msg.get("ablate"):
             gen = torch.Generator(device=self.device)
@@ -696,6 +734,7 @@ class DeviceSession:
                 sys.setprofile(None)
                 self.client.ablator = None
             self.timer.synchronize()
+        ms["trial_forward"], t = (now() - t) * 1e3, now()
         events = prof.function_events
         ops, custom = fallback.outermost_ops(events, _op_namespaces(torch) - self.own_namespaces)
         leaves, _ = flatten_outputs(out)
@@ -704,7 +743,7 @@ class DeviceSession:
                  "subclass_outputs": [type(x).__name__ for x in tensors if type(x) is not torch.Tensor],
                  "devices": [self._tb.device.__get__(x).type for x in tensors],
                  "aliases_input": self._aliases(leaves, args),
-                 "inputs_modified": not self._unchanged(args, prints),
+                 "inputs_modified": self._timed(ms, "trial_fingerprints", lambda: not self._unchanged(args, prints)),
                  "aten_ops": dict(ops),
                  "native_calls": self.client.native_calls - calls_before + hits[0] + sum(custom.values()),
                  "device_kernels": dict(fallback.device_kernel_names(events, self.backend.device_event_types())),
@@ -721,10 +760,33 @@ class DeviceSession:
             restore, self._ablation, self._protected = self._ablation["restore"], None, set()
         else:
             restore = []
-        reply.update(self._save(out))
+        ms["trial_profile"] = (now() - t) * 1e3
+        reply["harness_ms"] = ms
+        if msg.get("hold"):   # the parent asks for a sample of the output next ("collect"), picked only now
+            self.held = (out, restore)
+        else:
+            reply.update(self._timed(ms, "trial_save", lambda: self._save(out)))
+            self._restore(restore)
+        reply.update(self._common())
+        return reply
+
+    @staticmethod
+    def _restore(restore) -> None:
         for raw, saved in restore:   # after the outputs are saved: a returned model buffer is judged poisoned
             raw.copy_(saved)
-        reply.update(self._common())
+
+    def collect(self, msg):
+        """The sampled outputs of the trial just run (``trial`` with ``hold``), at the parent's sample seed."""
+        if self.held is None:
+            return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
+                                                                 "message": "no trial output to collect"}}
+        (out, restore), self.held = self.held, None
+        ms = {}
+        reply = self._timed(ms, "trial_save", lambda: self._save(out, (int(msg["sample_seed"]),
+                                                                        int(msg["sample_k"]))))
+        del out
+        self._restore(restore)
+        reply.update(op="collected", harness_ms=ms, **self._common())
         return reply
 
     def warmup(self, msg):
@@ -766,6 +828,14 @@ class DeviceSession:
                 "output_bytes": output_bytes, "flush_ms": flush_ms, "enqueue_ms": enqueue_ms,
                 "hide_cycles": self.flusher.hide_cycles, **self._common()}
 
+    def _timed(self, ms: dict, key: str, fn):
+        """``fn()``, its milliseconds added to ``ms[key]`` (the harness's own timing, reported to the parent)."""
+        t = self.timer.now()
+        try:
+            return fn()
+        finally:
+            ms[key] = ms.get(key, 0.0) + (self.timer.now() - t) * 1e3
+
     def _nbytes(self, value) -> int:
         from verifier.correctness import flatten_outputs
         leaves, _ = flatten_outputs(value)
@@ -782,11 +852,12 @@ class DeviceSession:
         self.args = {r: [] for r in msg["runners"]}
         self.outputs = {}
         self.last_cand = []
+        t = self.timer.now()
         for runner in msg["runners"]:
             for seed in msg["seeds"][runner]:
                 self.args[runner].append(inputs.make_inputs(self.task, int(seed), self.device, self.precision))
         self.timer.synchronize()
-        return {"op": "prepared"}
+        return {"op": "prepared", "harness_ms": {"timing_inputs": (self.timer.now() - t) * 1e3}}
 
     def call(self, msg):
         import gc
@@ -821,8 +892,12 @@ class DeviceSession:
         if not self.last_cand:
             return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
                                                                  "message": "no timed output to audit"}}
-        reply = self._save(self.last_cand[int(msg.get("rep", 0)) % len(self.last_cand)])
+        ms = {}
+        sample = (int(msg["sample_seed"]), int(msg["sample_k"])) if msg.get("sample_k") else None
+        out = self.last_cand[int(msg.get("rep", 0)) % len(self.last_cand)]
+        reply = self._timed(ms, "audit_save", lambda: self._save(out, sample))
         reply["op"] = "audited"
+        reply["harness_ms"] = ms
         reply.update(self._common())
         return reply
 
@@ -881,7 +956,8 @@ def run_device(job: dict, chan: Channel) -> None:
         return
     chan.send({"op": "loaded", "timer_patched": session.timer.patched(session.backend), **session._common()})
     handlers = {"construct": session.construct, "trial": session.trial, "warmup": session.warmup,
-                "prepare": session.prepare, "call": session.call, "audit": session.audit}
+                "prepare": session.prepare, "call": session.call, "audit": session.audit,
+                "collect": session.collect}
     while True:
         msg = chan.recv()
         op = msg.get("op")

@@ -82,6 +82,12 @@ class VerifierConfig:
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     scale_floor: float = 1e-30           # floor of max|ref| in the scale-relative error check
     num_timing_audits: int = 2           # timed trials whose candidate outputs the parent re-checks (and the last)
+    # outputs of one call larger than this (KernelBench's full sizes: 6.4 GB) are handed over and compared entry by
+    # entry in the first correctness trial only; the other correctness trials, the ablation trial, the audits and
+    # the hidden trials hand over a random sample of output_sample_elements entries per tensor, picked by the
+    # parent after the call returned (verifier.correctness.sample_index): a full handover of 6.4 GB costs seconds
+    sample_outputs_above_bytes: int = 256 * MiB
+    output_sample_elements: int = 1 << 24
     audit_calls_per_trial: int = 4       # calls of an audited trial's batch that are checked (picked after it ran)
     cpu_threads: int = 1                 # torch intra-op threads in the child on the cpu backend (fair timing)
     cpu_flush_bytes: int = 8 * MiB       # cache flush buffer before each timed call on cpu
@@ -125,7 +131,8 @@ class VerifierConfig:
         positive_ints = ("num_correct_trials", "num_timing_trials", "max_response_bytes", "memory_limit_bytes",
                          "file_size_limit_bytes", "max_processes", "max_open_files", "feedback_max_chars",
                          "cpu_threads", "max_output_tail_bytes", "max_timing_reps",
-                         "timing_memory_bytes", "shared_device_max_bytes", "audit_calls_per_trial")
+                         "timing_memory_bytes", "shared_device_max_bytes", "audit_calls_per_trial",
+                         "sample_outputs_above_bytes", "output_sample_elements")
         for name in positive_ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

@@ -166,6 +166,10 @@ def compare_tensor(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol:
     bad_total = 0
     first: Mismatch | None = None
     for start in range(0, b.numel(), _CHUNK):
+        fast = _finite_chunk(a[start:start + _CHUNK], b[start:start + _CHUNK], atol, rtol)
+        if fast is not None:   # every entry finite and within tolerance: the same figures, in fewer passes
+            max_abs, scale = max(max_abs, fast[0]), max(scale, fast[1])
+            continue
         ac = a[start:start + _CHUNK].double()
         bc = b[start:start + _CHUNK].double()
         b_nan, a_nan = torch.isnan(bc), torch.isnan(ac)
@@ -204,6 +208,40 @@ def compare_tensor(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol:
                          f"(limit {tol:g})")
     return Comparison(first is None, max_abs_diff=max_abs, max_rel_diff=rel, ref_scale=scale, mismatch=first,
                       mismatched_elements=bad_total)
+
+
+def _finite_chunk(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+    """(max|a - b|, max|b|) of one chunk whose entries are all finite and within ``atol + rtol * |b|``, or None
+    when any is not (the caller then finds the mismatch entry by entry). The same float64 arithmetic as the
+    general path, in five passes over the chunk instead of about twenty: comparisons of outputs of several
+    GB (KernelBench's full sizes) spend their time here."""
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return None
+    ad, bd = a.to(torch.float64, copy=True), b.to(torch.float64, copy=True)   # never the callers' tensors
+    diff = ad.sub_(bd).abs_()
+    babs = bd.abs_()
+    max_abs, scale = float(diff.max()), float(babs.max())
+    if bool((diff > babs.mul_(rtol).add_(atol)).any()):
+        return None
+    return max_abs, scale
+
+
+SAMPLE_BLOCK = 64   # entries of one sampled block (256 contiguous bytes of float32: cache lines, coalesced reads)
+
+
+def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
+    """Flat indices (int64, host, sorted) of a random sample of about ``k`` of ``numel`` entries, or None when
+    ``numel <= k`` (every entry is compared). Blocks of ``SAMPLE_BLOCK`` consecutive entries at random block
+    positions, plus the first and the last block (where off-by-one bounds fail), drawn on the host from
+    ``seed`` alone: the parent and the child compute the same indices. The parent picks the seed only after
+    the call whose output is sampled has returned, so no kernel can know which entries are compared."""
+    if numel <= k:
+        return None
+    block = min(SAMPLE_BLOCK, max(1, k // 4))
+    gen = torch.Generator().manual_seed(int(seed) % (1 << 63))
+    starts = torch.randint(0, numel // block, (max(k // block - 2, 1),), generator=gen) * block
+    starts = torch.cat([torch.tensor([0, numel - block]), starts]).unique()   # sorted
+    return (starts[:, None] + torch.arange(block)).reshape(-1)
 
 
 def squared_error(got: Any, expected: Any) -> tuple[float, int]:

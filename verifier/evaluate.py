@@ -25,6 +25,7 @@ Trust map of the checks:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import functools
@@ -159,7 +160,7 @@ _TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dic
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
                  "violations": list, "background_cpu_ms": (int, float), "threads_started": int,
-                 "ablation": dict}
+                 "ablation": dict, "shapes": dict}
 # a precision probe flags a candidate whose error against the reference reaches this share of the error that
 # rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
 PRECISION_PROBE_RATIO = 0.5
@@ -203,6 +204,17 @@ def _checked(msg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
         if isinstance(counts, dict) and not all(isinstance(k, str) and isinstance(v, int) for k, v in counts.items()):
             raise ProtocolError(f"malformed counts in {key!r}")
     return msg
+
+
+def _costed(name: str):
+    """Method decorator: the call's seconds go to ``_DeviceStage._cost(name)``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            with self._cost(name):
+                return fn(self, *args, **kwargs)
+        return call
+    return wrap
 
 
 class _Conversation:
@@ -251,6 +263,9 @@ class _Conversation:
 class _DeviceStage:
     """Parent side of the device stage for one candidate."""
 
+    sampled = False   # outputs too large to hand over in full more than once (set by the first reference)
+    alone = False     # the stage has the device to itself from the candidate's import on
+
     def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
                  spares: WarmSpares | None = None, force_alone: bool = False):
         self.task, self.code, self.build, self.cfg = task, code, build, cfg
@@ -267,8 +282,36 @@ class _DeviceStage:
         self.device_lock = DeviceLock(cfg.backend, device_index, cfg.device_lock_dir)
         self.work: tuple[int, int] | None = None   # (bytes, FLOPs) of one reference call (speed of light)
         self.use: DeviceUse | None = None    # this stage's hold on the device (``verifier.device_lock``)
+        self._held_since: float | None = None   # when the current exclusive hold began
+        self._costs: dict[str, list] = {}      # seconds and counts of the parent's own work, by kind
+
+    @contextlib.contextmanager
+    def _cost(self, name: str):
+        """Account the parent's seconds (and the number of times) spent on ``name``: reported in
+        ``details["costs"]`` (where a check's time goes on KernelBench-sized tasks)."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            costs = self.__dict__.setdefault("_costs", {})
+            entry = costs.setdefault(name, [0.0, 0])
+            entry[0] += time.monotonic() - t0
+            entry[1] += 1
+            self.details["costs"] = {k: {"s": round(v[0], 3), "n": v[1]} for k, v in costs.items()}
+
+    def _child_costs(self, reply: dict[str, Any]) -> None:
+        """The child's own timing of its harness work (advisory: shown in details, never judged)."""
+        ms = reply.get("harness_ms")
+        if not isinstance(ms, dict):
+            return
+        out = self.details.setdefault("child_seconds", {})
+        for k, v in list(ms.items())[:16]:
+            v = _number(v, 0.0)
+            if isinstance(k, str) and math.isfinite(v) and v >= 0:
+                out[k[:40]] = round(out.get(k[:40], 0.0) + v / 1e3, 3)
 
     # ---------------------------------------------------------------------------------- helpers
+    @_costed("reference")
     def _reference(self, model, seed: int):
         import torch
 
@@ -278,8 +321,10 @@ class _DeviceStage:
         with torch.no_grad(), self.backend.reference_precision():
             if self.work is None:   # the first reference call also sizes the speed-of-light floor
                 out, flops = speed_of_light.count_flops(lambda: model(*args))
-                self.work = (speed_of_light.tensor_bytes(args) + speed_of_light.tensor_bytes(
-                    flatten_outputs(out)[0]), flops)
+                out_bytes = speed_of_light.tensor_bytes(flatten_outputs(out)[0])
+                self.work = (speed_of_light.tensor_bytes(args) + out_bytes, flops)
+                # outputs this large are compared in full in the first correctness trial only (see the config)
+                self.sampled = out_bytes > self.cfg.sample_outputs_above_bytes
             else:
                 out = model(*args)
         self.backend.synchronize_fn()()
@@ -292,6 +337,68 @@ class _DeviceStage:
             for lo, hi in ranges) for o in leaves)
         return leaves, spec, mutates, aliases
 
+    def _sample_seed(self) -> tuple[int, int] | None:
+        """(seed, entries) of a sampled handover, drawn now (after the call whose output it picks), or None
+        for a full one."""
+        return (secrets.randbits(62), self.cfg.output_sample_elements) if self.sampled else None
+
+    @staticmethod
+    def _sample_view(ref_leaves: list, sample: tuple[int, int] | None) -> tuple[list, dict[int, Any]]:
+        """The reference leaves as a sampled handover carries them (a tensor of more than k entries becomes the
+        entries ``sample_index`` picks, drawn by this process from the seed it chose) and the picks by leaf."""
+        import torch
+
+        from .correctness import sample_index
+        if sample is None:
+            return list(ref_leaves), {}
+        targets, picks = [], {}
+        for i, r in enumerate(ref_leaves):
+            idx = sample_index(r.numel(), sample[1], sample[0] + i) if isinstance(r, torch.Tensor) else None
+            if idx is None:
+                targets.append(r)
+            else:
+                picks[i] = idx
+                targets.append(r.reshape(-1).index_select(0, idx.to(r.device)))
+        return targets, picks
+
+    def _handed_over(self, ref_leaves: list, report: dict[str, Any], sample: tuple[int, int] | None):
+        """The child's outputs (sampled or full) and what each is compared with: the sampled reference entries,
+        or the full reference leaf when the child reports a full shape other than the reference's (the comparison
+        then names the shape)."""
+        import torch
+        targets, picks = self._sample_view(ref_leaves, sample)
+        leaves = self._load_outputs(report, targets)
+        shapes = report.get("shapes") if isinstance(report.get("shapes"), dict) else {}
+        info = self.details.setdefault("handover", {"full": 0, "sampled": 0, "bytes": 0})
+        info["sampled" if picks else "full"] += 1
+        info["bytes"] += sum(t.numel() * t.element_size() for t in leaves
+                             if isinstance(t, torch.Tensor) and not t.is_meta)
+        for i in list(picks):
+            leaf, ref, shape = leaves[i] if i < len(leaves) else None, ref_leaves[i], shapes.get(str(i))
+            if isinstance(leaf, torch.Tensor) and not leaf.is_meta and shape == list(ref.shape):
+                continue   # the requested sample of an output of the reference's shape and dtype
+            del picks[i]
+            targets[i] = ref
+            if not isinstance(leaf, torch.Tensor):
+                continue   # the comparison names what it is
+            if not (isinstance(shape, list) and len(shape) <= 64 and all(
+                    isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in shape)):
+                shape = list(leaf.shape)
+            if shape == list(ref.shape) and leaf.dtype == ref.dtype:
+                leaves[i] = "<not the requested sample>"
+            else:
+                leaves[i] = torch.empty(shape, dtype=leaf.dtype, device="meta")
+        return leaves, targets, picks
+
+    @staticmethod
+    def _full_position(c, picks: dict[int, Any], ref_leaves: list) -> None:
+        """Name a mismatch found in a sample by its index in the full output."""
+        from .correctness import _unravel
+        m = c.mismatch
+        if m is not None and m.output in picks and m.index is not None and len(m.index) == 1:
+            m.index = _unravel(int(picks[m.output][m.index[0]]), ref_leaves[m.output].shape)
+
+    @_costed("handover_read")
     def _load_outputs(self, report: dict[str, Any], ref_leaves: list) -> list:
         """Read the child's outputs: a sealed memfd (``_open_sealed_output``), no larger than the reference
         outputs justify, parsed by safetensors (never pickle)."""
@@ -392,14 +499,25 @@ class _DeviceStage:
     def _hold(self, mode: str) -> None:
         """Take the device ``shared`` or ``exclusive`` (releasing any other hold first); the wait is neither
         the candidate's time nor the parent's work."""
-        if self.use is not None:
-            self.use.release()
+        self._release()
         self.use = self.device_lock.shared(self.cfg.device_wait_timeout_s) if mode == "shared" else \
             self.device_lock.exclusive(self.cfg.device_wait_timeout_s)
+        if mode == "exclusive":
+            self._held_since = time.monotonic()
         waits = self.details.setdefault("device_wait_s", {})
         waits[mode] = round(waits.get(mode, 0.0) + self.use.waited_s, 3)
         if self.conv is not None:
             self.conv.pause(self.use.waited_s)
+
+    def _release(self) -> None:
+        """Give the device back; an exclusive hold's seconds add to ``details["device_exclusive_s"]`` (the time
+        no other stage could use the device because of this one)."""
+        if self.use is not None:
+            self.use.release()
+        if self._held_since is not None:
+            held = time.monotonic() - self._held_since
+            self._held_since = None
+            self.details["device_exclusive_s"] = round(self.details.get("device_exclusive_s", 0.0) + held, 3)
 
     def _spare_lease(self) -> DeviceUse:
         return self.device_lock.shared(self.cfg.device_wait_timeout_s)
@@ -422,6 +540,11 @@ class _DeviceStage:
             raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "
                                                           f"{err.get('message', '')[:300]}"), traceback=err)
         self.details["device"] = ready.get("device")
+        if getattr(self, "alone", False):   # from here on the stage has the device to itself
+            self._hold("exclusive")
+            too_big = memory_problem(self.footprint, self.cfg, self.backend, self.index, self.details)
+            if too_big:   # nothing of the task is loaded yet
+                raise _Verdict(Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}"))
         for name, text in (("candidate.py", self.code), ("task.py", self.task.source)):
             _write_new_file(os.path.join(self.workdir, name), text)
         self.child.send({"op": "load"})
@@ -469,7 +592,9 @@ class _DeviceStage:
             self.details["parent_seconds"] = round(self.conv.parent_s, 3)
 
     def _ask(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
-        reply = self.conv.ask(msg)
+        with self._cost(f"child_{msg.get('op')}"):   # the request's round trip (the child's work on it)
+            reply = self.conv.ask(msg)
+        self._child_costs(reply)
         if self.conv.parent_s > self.cfg.run_timeout_s:   # the task is too slow to check here, whatever the code
             raise _Verdict(Category.INFRA, feedback.infra(
                 f"task {self.task.task_id}: the verifier's own work (reference runs, reading and comparing outputs) "
@@ -501,6 +626,7 @@ class _DeviceStage:
         capacity = (inputs.device_total_bytes(cfg.backend, self.index) if self.backend.is_gpu
                     else inputs.host_available_bytes())
         alone = self.force_alone or not inputs.shares_device(fp, cfg.shared_device_max_bytes, capacity)
+        self.alone, self.footprint = alone, fp
         self.details["device_use"] = "exclusive" if alone else "shared, exclusive while timing"
         q = 0.0
         self._last_lap = time.monotonic()
@@ -508,10 +634,13 @@ class _DeviceStage:
             # take a warm spare before holding the device: its start-up holds the device's shared lock
             spare = self.spares.take(self._spare_key) if self.spares else None
             try:
-                self._hold("exclusive" if alone else "shared")
-                # read with the device held: no other stage starts or allocates meanwhile (the memory
-                # that stages already running hold does count against it)
-                too_big = memory_problem(fp, self.cfg, self.backend, self.index, self.details)
+                # a stage that will have the device alone starts its child under a shared hold too (a child's
+                # start-up holds no task data, like a warm spare's): it takes the device before the candidate
+                # is loaded (``_start``), so the seconds no other stage can use the device start there
+                self._hold("shared")
+                # read with the device held alone (in ``_start`` when alone), or shared: no other stage starts or
+                # allocates meanwhile (the memory that stages already running hold does count against it)
+                too_big = None if alone else memory_problem(fp, self.cfg, self.backend, self.index, self.details)
             except BaseException as e:
                 if spare is not None:
                     spare.discard()
@@ -554,7 +683,7 @@ class _DeviceStage:
                 self.backend.empty_cache()  # hand the parent's cached reference blocks back to the device
             self._lap("correctness")
             if not alone:
-                self.use.release()   # other stages' start-ups and trials may finish; none start while we wait
+                self._release()      # other stages' start-ups and trials may finish; none start while we wait
                 if self.spares:      # our next child's start-up (CPU, device context, profiler) must be over too
                     waited = time.monotonic()
                     self.spares.wait_started(self._spare_key, cfg.startup_timeout_s)
@@ -628,8 +757,7 @@ class _DeviceStage:
                     self.backend.empty_cache()
                 except Exception:
                     pass
-            if self.use is not None:   # after the child is gone: nothing of it runs beside the next timing
-                self.use.release()
+            self._release()   # after the child is gone: nothing of it runs beside the next timing
 
     def _runtime_problems(self, report: dict[str, Any], correct: bool, ref_leaves: list) -> list[tuple[str, str]]:
         import torch
@@ -646,7 +774,9 @@ class _DeviceStage:
             raise _Verdict(Category.CHEATING, feedback.cheating(rule, f"{RUNTIME_RULES[rule]}: {message}"),
                            rule=rule, q=q)
 
-    def _precision_probe(self, ref_model, seed: int, leaves: list, ref_leaves: list) -> tuple[str, str] | None:
+    @_costed("precision_probe")
+    def _precision_probe(self, ref_model, seed: int, leaves: list, ref_leaves: list,
+                         picks: dict[int, Any] | None = None) -> tuple[str, str] | None:
         """Run on the parent, once per candidate, on a float32 correctness trial that passed: the reference again
         on the same inputs rounded to float16, and in float64. An output whose error (against float64) is of the
         size that rounding the inputs causes, and far above the float32 reference's own error, was computed in
@@ -678,6 +808,27 @@ class _DeviceStage:
                 return None
         self.backend.synchronize_fn()()
         leaves16, leaves64 = flatten_outputs(out16)[0], flatten_outputs(out64)[0]
+        # the error statistics over the entries the handover sampled, and over a sample of any other output of
+        # more than output_sample_elements entries (root mean squares: a few million entries estimate them well)
+        from .correctness import sample_index
+        k, picks = self.cfg.output_sample_elements, dict(picks or {})
+
+        def pick(t, idx):
+            return t.reshape(-1).index_select(0, idx.to(t.device)) if isinstance(t, torch.Tensor) and \
+                t.numel() > k else t
+        leaves, ref_leaves = list(leaves), list(ref_leaves)
+        for i, ref in enumerate(ref_leaves):
+            idx = picks.get(i)
+            if idx is None and isinstance(ref, torch.Tensor) and i < len(leaves):
+                idx = sample_index(ref.numel(), k, secrets.randbits(62))
+                if idx is not None:
+                    leaves[i] = pick(leaves[i], idx)
+            if idx is not None:
+                ref_leaves[i] = pick(ref, idx)
+                if i < len(leaves16):
+                    leaves16[i] = pick(leaves16[i], idx)
+                if i < len(leaves64):
+                    leaves64[i] = pick(leaves64[i], idx)
         cand = fp16 = fp32 = 0.0
         count = 0
         for got, ref, r16, r64 in zip(leaves, ref_leaves, leaves16, leaves64):
@@ -700,6 +851,10 @@ class _DeviceStage:
                                            "error of rounding the inputs to float16; compute in float32 (no "
                                            "half/bfloat16 inputs or intermediates, no TF32)")
         return None
+
+    @_costed("compare")
+    def _compare(self, leaves: list, ref_leaves: list):
+        return compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
 
     def _speed_of_light(self, t_cand: float) -> None:
         """A candidate timed below ``sol_margin`` of the device's speed-of-light floor is cheating."""
@@ -724,7 +879,7 @@ class _DeviceStage:
         the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input."""
         import torch
         seed = secrets.randbits(63)
-        report = _checked(self._ask({"op": "trial", "seed": seed, "ablate": True}, "trial_done"), _TRIAL_FIELDS)
+        report, sample = self._ask_trial(seed, ablate=True)
         self._raise_runtime_violations(report, q=q)
         ref_leaves, ref_spec, _, ref_aliases = self._reference(ref_model, seed)
         ab = report.get("ablation") or {}
@@ -736,18 +891,37 @@ class _DeviceStage:
             info["conclusive"] = False
             return
         info["conclusive"] = True
-        leaves = self._load_outputs(report, ref_leaves)
-        c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
+        leaves, targets, _ = self._handed_over(ref_leaves, report, sample)
+        c = self._compare(leaves, targets)
         info["output_still_correct"] = c.ok
         if c.ok and same_structure(report.get("spec"), ref_spec):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "decoy_kernel", f"{RUNTIME_RULES['decoy_kernel']} ({calls} native call(s) ran, {poisoned} of their "
                                 "results overwritten, the output unchanged)"), rule="decoy_kernel", q=q)
 
+    def _ask_trial(self, seed: int, ablate: bool = False) -> tuple[dict[str, Any], tuple[int, int] | None]:
+        """Run one trial in the child: its report (with the handover's fields) and the sample it handed over
+        (None: every entry). Where outputs are sampled (``self.sampled``) the child keeps the output after the
+        call and hands over the entries of a seed drawn only once the call has returned ("collect")."""
+        hold = self.sampled
+        msg = {"op": "trial", "seed": seed, **({"ablate": True} if ablate else {}), **({"hold": True} if hold else {})}
+        report = _checked(self._ask(msg, "trial_done"), _TRIAL_FIELDS)
+        if not hold:
+            return report, None
+        sample = self._sample_seed()
+        got = _checked(self._ask({"op": "collect", "sample_seed": sample[0], "sample_k": sample[1]}, "collected"),
+                       _TRIAL_FIELDS)
+        merged = dict(report)
+        for key in ("fd", "spec", "types", "values", "n_outputs", "shapes", "background_cpu_ms", "threads_started"):
+            if key in got:
+                merged[key] = got[key]
+        merged["violations"] = list(report.get("violations") or []) + list(got.get("violations") or [])
+        return merged, sample
+
     def _trial(self, ref_model, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
         the first mismatch, in-place/aliasing flags against the reference, runtime rule violations)."""
-        report = _checked(self._ask({"op": "trial", "seed": seed}, "trial_done"), _TRIAL_FIELDS)
+        report, sample = self._ask_trial(seed)
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
         if report.get("subclass_outputs"):
             raise _Verdict(Category.CHEATING, feedback.cheating(
@@ -759,7 +933,7 @@ class _DeviceStage:
         row: dict[str, Any] = {"ok": False, "mismatch": None}
         flags = {"inputs_modified": bool(report.get("inputs_modified")) and not ref_mutates,
                  "aliases_input": bool(report.get("aliases_input")) and not ref_aliases}
-        leaves = self._load_outputs(report, ref_leaves)
+        leaves, targets, picks = self._handed_over(ref_leaves, report, sample)
         wrong_device = [d for d in report.get("devices") or [] if d != self.device.type]
         if wrong_device:
             row["mismatch"] = f"outputs on device {str(wrong_device[0])[:40]!r}, expected {self.device.type!r}"
@@ -767,12 +941,15 @@ class _DeviceStage:
             row["mismatch"] = (f"output structure {spec_summary(report.get('spec'))} differs from the reference's "
                                f"{spec_summary(ref_spec)}")
         else:
-            c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
+            c = self._compare(leaves, targets)
+            self._full_position(c, picks, ref_leaves)
             row.update(ok=c.ok, max_abs_diff=c.max_abs_diff, max_rel_diff=c.max_rel_diff,
                        mismatch=c.mismatch.describe() if c.mismatch else None)
+            if picks:
+                row["sampled"] = True
         problems = self._runtime_problems(report, row["ok"], ref_leaves)
         if row["ok"] and "precision_probe" not in self.details:
-            finding = self._precision_probe(ref_model, seed, leaves, ref_leaves)
+            finding = self._precision_probe(ref_model, seed, leaves, ref_leaves, picks)
             if finding:
                 problems.append(finding)
         del leaves
@@ -971,11 +1148,14 @@ class _DeviceStage:
         return med["ref"], med["cand"], med.get("ref_compile")
 
     def _audit(self, ref_model, seed: int, rep: int = 0, trial: int | None = None) -> None:
-        report = _checked(self._ask({"op": "audit", "rep": rep}, "audited"), _TRIAL_FIELDS)
+        sample = self._sample_seed()   # drawn after the audited batch ran
+        msg = {"op": "audit", "rep": rep, **({"sample_seed": sample[0], "sample_k": sample[1]} if sample else {})}
+        report = _checked(self._ask(msg, "audited"), _TRIAL_FIELDS)
         self._raise_runtime_violations(report, q=1.0)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
-        leaves = self._load_outputs(report, ref_leaves)
-        c = compare_outputs(leaves, ref_leaves, self.cfg.tolerance, self.cfg.tolerance, self.cfg.scale_floor)
+        leaves, targets, picks = self._handed_over(ref_leaves, report, sample)
+        c = self._compare(leaves, targets)
+        self._full_position(c, picks, ref_leaves)
         self.details.setdefault("audits", []).append({"ok": c.ok, "max_rel_diff": c.max_rel_diff, "trial": trial,
                                                       "call": rep})
         if not c.ok or not same_structure(report.get("spec"), ref_spec):

@@ -32,23 +32,27 @@ def test_structure_comparison_is_total_on_junk(junk):
 
 
 def test_large_input_fingerprint_is_chunked_and_exact():
-    """The in-place-modification fingerprint of a large input is summed slice by slice (a whole-tensor
-    int64 sum would need 8x the input's memory) and equals the one-shot sums."""
+    """The in-place-modification fingerprint of a large input is summed slice by slice (a widening
+    whole-tensor sum would need several times the input's memory) and equals the one-shot sums of its 64-bit
+    words modulo 2**64 (32-bit words or bytes, summed exactly, when its size is no multiple of eight or four)."""
     import types
 
     import torch
 
     from verifier._child import DeviceSession
 
-    x = torch.randn(1000, 37)
-    b = x.reshape(-1).view(torch.uint8)
-    want = (int(b.sum(dtype=torch.int64)), int(b[::7].sum(dtype=torch.int64)))
     session = types.SimpleNamespace(torch=torch)
-    for chunk in (1, 7, 1000, 4099, 1 << 20):
-        assert DeviceSession._bytesum(session, x, chunk=chunk) == want
-    y = x.clone()
-    y[500, 3] += 1.0
-    assert DeviceSession._bytesum(session, y, chunk=4099) != want
+    for x, view in ((torch.randn(1000, 38), torch.int64), (torch.randn(999, 37), torch.int32),
+                    (torch.randint(0, 255, (1001,), dtype=torch.uint8), torch.uint8)):
+        b = x.reshape(-1).view(view)
+        words = [int(v) for v in b.tolist()]
+        mod = 1 << 64 if view == torch.int64 else None
+        want = tuple(sum(w) % mod if mod else sum(w) for w in (words, words[::7]))
+        for chunk in (1, 7, 1000, 4099, 1 << 20):
+            assert DeviceSession._bytesum(session, x, chunk=chunk) == want
+        y = x.clone()
+        y.view(-1)[500] += 1
+        assert DeviceSession._bytesum(session, y, chunk=4099) != want
 
 
 @pytest.mark.parametrize("phase", ["import", "construct", "trial", "timing"])

@@ -1,0 +1,91 @@
+"""Outputs too large to hand over in full more than once (KernelBench's full sizes: 6.4 GB per call): the first
+correctness trial hands over and compares every entry; the other trials, the ablation trial, the audits and the
+hidden trials hand over a sample the parent picks after the call returned. Here the threshold is lowered so that
+the test tasks' outputs (a few thousand entries) count as large, and every defence the sampled checks carry is
+run against its red-team candidate."""
+import pytest
+import torch
+
+from verifier.correctness import sample_index
+from verifier.evaluate import verify
+from verifier.tasks import load_task
+from verifier.types import Category
+
+from .candidates import compiled, task_path
+from .test_redteam_2026 import BATCH_AND_SKIP, DECOY_THROWN_AWAY, REPLAY_FROM_HARNESS, calling
+
+SAMPLED = {"sample_outputs_above_bytes": 1024, "output_sample_elements": 256}
+
+
+def run(task_name, response, cfg):
+    return verify(load_task(task_path(task_name)), response, cfg)
+
+
+def test_sample_indices_are_reproducible_sorted_blocks_with_both_ends():
+    a, b = sample_index(10_000, 256, 7), sample_index(10_000, 256, 7)
+    assert torch.equal(a, b) and not torch.equal(a, sample_index(10_000, 256, 8))
+    assert a[0] == 0 and a[-1] == 9_999 and bool((a[1:] > a[:-1]).all())
+    assert 128 <= a.numel() <= 256
+    assert sample_index(256, 256, 1) is None   # small outputs: every entry
+
+
+@pytest.mark.slow
+def test_large_outputs_are_handed_over_in_full_once_per_check(make_cfg):
+    """The count of full-output handovers per check: one where outputs are large, every one otherwise (before
+    sampling, a check of a 6.4 GB output made a dozen full host round trips of it)."""
+    response = compiled(calling("ext.add(a, b)"))
+    small = run("elementwise_add", response, make_cfg())
+    assert small.category == Category.PASS, small.feedback
+    assert small.details["handover"]["sampled"] == 0 and small.details["handover"]["full"] >= 8
+
+    large = run("elementwise_add", response, make_cfg(**SAMPLED))
+    assert large.category == Category.PASS, large.feedback
+    h = large.details["handover"]
+    # the other four correctness trials, the ablation trial, the audits and the hidden trials (their number
+    # depends on the batches timing chose) all sampled
+    assert h["full"] == 1 and h["sampled"] >= 4 + 1 + 2, h
+    # one full output (4096 float32) plus samples of at most 256 entries
+    assert h["bytes"] <= 4096 * 4 + h["sampled"] * 256 * 4
+    assert [t.get("sampled", False) for t in large.details["trials"]] == [False, True, True, True, True]
+    assert large.details["ablation"]["conclusive"] and not large.details["ablation"]["output_still_correct"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_name,model,category,rule", [
+    ("transpose", DECOY_THROWN_AWAY, Category.CHEATING, "decoy_kernel"),
+    ("elementwise_add", BATCH_AND_SKIP, Category.CHEATING, "timing_output_mismatch"),
+    # an out-parameter kernel writing a persistent model buffer: the ablation restores the buffer only after
+    # the sample was handed over, so the poisoned output is judged (and the honest kernel passes)
+    ("elementwise_add", '''
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.buf = None
+
+    def forward(self, a, b):
+        if self.buf is None or self.buf.shape != a.shape:
+            self.buf = torch.empty_like(a)
+        ext.add_out(a, b, self.buf)
+        return self.buf.view(-1).view(a.shape)
+''', Category.PASS, None),
+    # a wrong shape: the first trial (full) names it
+    ("relu", calling("ext.relu(x)[:, :-1].contiguous()", "x"),
+     Category.CORRECTNESS_ERROR, None),
+], ids=["decoy", "batch_and_skip", "persistent_out_parameter", "wrong_shape"])
+def test_sampled_checks_keep_their_verdicts(make_cfg, task_name, model, category, rule):
+    r = run(task_name, compiled(model), make_cfg(**SAMPLED))
+    assert r.category == category, (r.category, r.rule, r.feedback, r.details.get("traceback"))
+    assert r.rule == rule, (r.rule, r.feedback)
+    assert r.details["handover"]["full"] >= 1
+
+
+@pytest.mark.slow
+def test_replay_from_the_harness_is_caught_by_sampled_audits(make_cfg, monkeypatch):
+    import random
+
+    import verifier.evaluate as evaluate_module
+    monkeypatch.setattr(evaluate_module, "check_candidate", lambda code, cfg: [])
+    monkeypatch.setattr(random.Random, "shuffle", lambda self, x: None)   # the reference always runs first
+    r = run("elementwise_add", compiled(REPLAY_FROM_HARNESS), make_cfg(**SAMPLED))
+    assert (r.category, r.rule) == (Category.CHEATING, "timing_output_mismatch"), r.feedback
+    assert r.details["handover"]["sampled"] >= 1
