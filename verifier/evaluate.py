@@ -113,16 +113,19 @@ def build_failure_result(task: Task, cfg: VerifierConfig, build: BuildResult, co
                    code_hash=build.code_hash, code=code)
 
 
-def memory_problem(fp, cfg: VerifierConfig, backend, index: int, details: dict[str, Any]) -> str | None:
+def memory_problem(fp, cfg: VerifierConfig, backend, index: int, details: dict[str, Any],
+                   capacity_only: bool = False) -> str | None:
     """Why a task of footprint ``fp`` (``inputs.estimate_footprint``: sized on meta tensors, nothing
-    allocated) cannot fit ``backend``, or None."""
+    allocated) cannot fit ``backend``, or None. ``capacity_only``: against the device's whole memory rather than
+    what is free now (a stage that will have the device alone, before it does)."""
     from . import inputs
     if fp is not None:
         details["footprint"] = fp.to_dict()
     gpu = backend.is_gpu
+    device = (inputs.device_total_bytes if capacity_only else inputs.device_free_bytes)(cfg.backend, index)
     return inputs.memory_problem(fp, is_gpu=gpu, backend_name=cfg.backend, host_free=inputs.host_available_bytes(),
                                  child_limit=None if gpu else cfg.memory_limit_bytes,
-                                 device_free=inputs.device_free_bytes(cfg.backend, index) if gpu else None)
+                                 device_free=device if gpu else None)
 
 
 def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index: int | None = None) -> VerifyResult:
@@ -640,7 +643,8 @@ class _DeviceStage:
                 self._hold("shared")
                 # read with the device held alone (in ``_start`` when alone), or shared: no other stage starts or
                 # allocates meanwhile (the memory that stages already running hold does count against it)
-                too_big = None if alone else memory_problem(fp, self.cfg, self.backend, self.index, self.details)
+                # (a task that cannot fit even the whole device is refused before any child starts)
+                too_big = memory_problem(fp, self.cfg, self.backend, self.index, self.details, capacity_only=alone)
             except BaseException as e:
                 if spare is not None:
                     spare.discard()
