@@ -53,7 +53,7 @@ from .result_cache import config_fingerprint
 from .sandbox import OUTPUT_SEALS, ChildFailed, ChildTimeout, ProtocolError, SandboxedChild
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
-from .timing import TimedCall, choose_reps, implausible_timing, reported_time_problem, stats
+from .timing import TimedCall, choose_reps, floor_flush, implausible_timing, reported_time_problem, stats
 from .types import Category, VerifyResult, reward_eq2
 from .warm_spare import StartedChild, WarmSpares
 
@@ -1053,6 +1053,7 @@ class _DeviceStage:
         reps = choose_reps(est, _count(warm.get("input_bytes")), out_bytes, cfg.timing_batch_ms,
                            cfg.max_timing_reps, cfg.timing_memory_bytes, _number(warm.get("flush_ms"), 0.0))
         self.details["flush_bytes"] = warm.get("flush_bytes")
+        spin_bound_ms = 1.1 * _number(warm.get("flush_ms"), 0.0) if _count(warm.get("hide_cycles")) else 0.0
         self.details["dispatch"] = {"enqueue_ms": _number(warm.get("enqueue_ms"), 0.0),
                                     "hide_cycles": _count(warm.get("hide_cycles"))}
         audits = set(rng.sample(range(cfg.num_timing_trials), min(cfg.num_timing_audits, cfg.num_timing_trials)))
@@ -1090,7 +1091,7 @@ class _DeviceStage:
                 if len(rep_ms) != n:
                     rep_ms = [math.nan] * n   # a reply that does not match the request is implausible
                 trial[runner] = TimedCall(runner, _number(reply.get("span_ms")), wall_ms, rep_ms,
-                                          _number(reply.get("flush_ms")))
+                                          _number(reply.get("flush_ms")), spin_ms=_number(reply.get("spin_ms"), 0.0))
                 if runner == "cand" and not reply.get("plain_tensors", False):
                     raise _Verdict(Category.CHEATING, feedback.cheating(
                         "tensor_subclass_output", "a timed call returned a tensor subclass (lazy output)"),
@@ -1112,11 +1113,10 @@ class _DeviceStage:
                     last_checked = j
                 if shared:
                     reps = 1
-            # the span floor subtracts the reference's flushes (same buffer, same trial), never a figure the
-            # candidate's own reply could inflate
-            ref_flush = trial["ref"].flush_ms / trial["ref"].reps
+            # the span floor subtracts the reference's cache clears (same buffer, same trial) and each call's own
+            # dispatch-hiding spins, at most the warm-up's whole flush each (timing.floor_flush)
             for c in trial.values():
-                c.floor_flush_ms = ref_flush * c.reps if math.isfinite(ref_flush) else 0.0
+                c.floor_flush_ms = floor_flush(trial["ref"], c, spin_bound_ms)
             calls.extend(trial[r] for r in order)
             trial_s.append(time.monotonic() - t_trial - audit_s)
             done += 1

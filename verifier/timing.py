@@ -5,7 +5,7 @@ Child side. ``CapturedTimer`` takes ``time.perf_counter`` and the backend's even
 ``elapsed_time`` and ``synchronize`` when the harness starts, before the candidate is imported; patching
 those names later changes nothing the timer calls. A timed request runs a batch of calls back to back,
 the way ``triton.testing.do_bench`` does, so that launch latency and synchronisation wake-ups stay out of
-sub-millisecond timings: per call an L2 flush (buffer >= 2x the L2 size; a modest buffer on cpu) and the
+sub-millisecond timings: per call an L2 flush (max(2x the L2, 256 MB) on a GPU; a modest buffer on cpu) and the
 call, each bracketed by events on the current stream, every call on its own fresh inputs. A full device
 sync opens and closes the batch, and the device-wide span between them bounds the per-call figure from
 below: work hidden on another stream or deferred past the call's end event still counts (see
@@ -82,15 +82,15 @@ class CapturedTimer:
         h1 = self._perf()
         return out, float(self._elapsed(start, end)), (h1 - h0) * 1e3
 
-    def time_batch(self, calls: list[Callable[[], Any]], flush: Callable[[], None]) -> BatchTiming:
-        """Run ``calls`` back to back, each after ``flush``; see the module docstring."""
+    def time_batch(self, calls: list[Callable[[], Any]], flusher: "CacheFlusher") -> BatchTiming:
+        """Run ``calls`` back to back, each after ``flusher``'s flush (and spin); see the module docstring."""
         outputs: list[Any] = []
         if self._event_cls is None:
             rep_ms, flush_ms = [], 0.0
             a = self._perf()
             for fn in calls:
                 f0 = self._perf()
-                flush()
+                flusher.flush()
                 s0 = self._perf()
                 outputs.append(fn())
                 e0 = self._perf()
@@ -99,13 +99,18 @@ class CapturedTimer:
             return BatchTiming(outputs, rep_ms, flush_ms, (self._perf() - a) * 1e3)
         new = lambda: self._event_cls(enable_timing=True)  # noqa: E731
         n = len(calls)
+        spin = flusher.spins()
         f_ev, s_ev, e_ev = [new() for _ in range(n)], [new() for _ in range(n)], [new() for _ in range(n)]
+        z_ev = [new() for _ in range(n)] if spin else []
         a, b = new(), new()
         self._sync()
         self._record(a)
         for i, fn in enumerate(calls):
             self._record(f_ev[i])
-            flush()
+            flusher.clear()
+            if spin:
+                self._record(z_ev[i])   # the spin gets its own interval: its length varies from call to call
+                flusher.spin()
             self._record(s_ev[i])
             outputs.append(fn())
             self._record(e_ev[i])
@@ -114,7 +119,8 @@ class CapturedTimer:
         self._sync()
         rep_ms = [float(self._elapsed(s_ev[i], e_ev[i])) for i in range(n)]
         flush_ms = sum(float(self._elapsed(f_ev[i], s_ev[i])) for i in range(n))
-        return BatchTiming(outputs, rep_ms, flush_ms, float(self._elapsed(a, b)))
+        spin_ms = sum(float(self._elapsed(z_ev[i], s_ev[i])) for i in range(n)) if spin else 0.0
+        return BatchTiming(outputs, rep_ms, flush_ms, float(self._elapsed(a, b)), spin_ms)
 
 
 @dataclasses.dataclass
@@ -123,6 +129,7 @@ class BatchTiming:
     rep_ms: list[float]      # each call's own interval (after its flush)
     flush_ms: float          # all flushes together
     span_ms: float           # the whole batch between full device syncs
+    spin_ms: float = 0.0     # of flush_ms, the dispatch-hiding spins (timing_hide_dispatch)
 
 
 class CacheFlusher:
@@ -139,11 +146,34 @@ class CacheFlusher:
         self.hide_cycles = 0
         self._spin = None   # CapturedTimer.spin, set with hide_cycles
 
-    def flush(self) -> None:
+    def clear(self) -> None:
         if self.buf is not None:
             self.buf.zero_()
-        if self.hide_cycles and self._spin is not None:
+
+    def spins(self) -> bool:
+        return bool(self.hide_cycles) and self._spin is not None
+
+    def spin(self) -> None:
+        if self.spins():
             self._spin(self.hide_cycles)
+
+    def flush(self) -> None:
+        self.clear()
+        self.spin()
+
+
+def floor_flush(ref: TimedCall, call: TimedCall, spin_bound_ms: float) -> float:
+    """What ``call``'s span floor subtracts: the reference's cache clears of the same trial (never a figure the
+    candidate's reply could inflate), plus ``call``'s own dispatch-hiding spins, each at most ``spin_bound_ms``.
+    A spin's length varies by tens of microseconds from call to call; charged at the reference's mean, that
+    jitter decided the time of a call of a few microseconds. A spin keeps one SM busy, so work hidden under it
+    is hidden from the span either way."""
+    clear = (ref.flush_ms - ref.spin_ms) / ref.reps
+    if not math.isfinite(clear):
+        return 0.0
+    bound = spin_bound_ms * call.reps if math.isfinite(spin_bound_ms) and spin_bound_ms > 0 else 0.0
+    spin = min(max(call.spin_ms, 0.0), bound) if math.isfinite(call.spin_ms) else 0.0
+    return clear * call.reps + spin
 
 
 def hide_cycles(enqueue_ms: float, clock_khz: float, cap_ms: float = 5.0) -> int:
@@ -152,11 +182,17 @@ def hide_cycles(enqueue_ms: float, clock_khz: float, cap_ms: float = 5.0) -> int
     return int(ms * clock_khz)
 
 
+# The GPU flush writes at least this much, as triton.testing.do_bench and KernelBench's timer do: besides evicting
+# the L2, the ~65 us it keeps an H200 busy lets the host enqueue the next call meanwhile, so a small call is not
+# charged the device's idle wait for its launch (with 2x the L2, ~30 us, a 4 us kernel was timed at 30 us).
+MIN_GPU_FLUSH_BYTES = 256 << 20
+
+
 def flush_bytes(backend, cfg, index: int = 0) -> int:
     if not backend.is_gpu:
         return int(cfg.cpu_flush_bytes)
-    l2 = backend.l2_cache_bytes(index)
-    return 2 * l2 if l2 else 256 << 20
+    l2 = backend.l2_cache_bytes(index) or 0
+    return max(2 * l2, MIN_GPU_FLUSH_BYTES)
 
 
 # ------------------------------------------------------------------------------------------ parent side
@@ -167,8 +203,9 @@ class TimedCall:
     reported_ms: float   # the child's span of the whole request (all its calls and flushes)
     wall_ms: float       # parent-observed round trip of the request
     rep_ms: list[float] | None = None   # the child's per-call times (None: one call, reported_ms)
-    flush_ms: float = 0.0                # the child's flush time of this request
+    flush_ms: float = 0.0                # the child's flush time of this request (spins included)
     floor_flush_ms: float | None = None  # flush time the span floor subtracts (the parent sets it)
+    spin_ms: float = 0.0                 # of flush_ms, the dispatch-hiding spins (timing_hide_dispatch)
 
     @property
     def reps(self) -> int:

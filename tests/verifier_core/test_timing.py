@@ -4,7 +4,8 @@ import time
 import pytest
 
 from verifier.devices import get_backend
-from verifier.timing import CapturedTimer, TimedCall, implausible_timing, stats
+from verifier.timing import (MIN_GPU_FLUSH_BYTES, CacheFlusher, CapturedTimer, TimedCall, flush_bytes, floor_flush,
+                             implausible_timing, stats)
 
 
 def test_patching_time_after_capture_changes_nothing(monkeypatch):
@@ -57,14 +58,90 @@ def test_stats():
 
 def test_batch_times_each_call_apart_from_its_flush():
     timer = CapturedTimer(get_backend("cpu"))
-    batch = timer.time_batch([lambda i=i: (time.sleep(0.004), i)[1] for i in range(4)],
-                             lambda: time.sleep(0.002))
+    batch = timer.time_batch([lambda i=i: (time.sleep(0.004), i)[1] for i in range(4)], _SleepFlusher(0.002))
     assert batch.outputs == [0, 1, 2, 3]                       # every call's output is kept, in order
     assert len(batch.rep_ms) == 4 and all(3.9 <= ms < 40 for ms in batch.rep_ms)
     assert batch.flush_ms >= 4 * 1.9
     assert batch.span_ms >= sum(batch.rep_ms) + batch.flush_ms
     call = TimedCall("cand", batch.span_ms, batch.span_ms + 1.0, batch.rep_ms, batch.flush_ms)
     assert 3.9 <= call.call_ms < 40 and implausible_timing([call]) is None
+
+
+class _SleepFlusher(CacheFlusher):
+    """A flush that sleeps (and, with ``spin_s``, a dispatch-hiding spin that sleeps a varying time)."""
+
+    def __init__(self, clear_s: float, spin_s: tuple[float, ...] = ()):
+        super().__init__("cpu", 0)
+        self.clear_s, self.spin_s, self.n = clear_s, spin_s, 0
+        if spin_s:
+            self.hide_cycles, self._spin = 1, lambda cycles: None
+
+    def clear(self):
+        time.sleep(self.clear_s)
+
+    def spin(self):
+        if self.spin_s:
+            time.sleep(self.spin_s[self.n % len(self.spin_s)])
+            self.n += 1
+
+
+class _HostEvents:
+    """A backend whose "device" events read the host clock: the event path of ``time_batch`` on a CPU."""
+    name, is_gpu = "fake", True
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+    @staticmethod
+    def _record(ev):
+        ev.t = time.perf_counter()
+
+    @staticmethod
+    def _elapsed(a, b):
+        return (b.t - a.t) * 1e3
+
+    def synchronize_fn(self):
+        return lambda: None
+
+    def event_api(self):
+        return self.Event, self._record, self._elapsed
+
+
+def test_spins_are_timed_apart_and_their_jitter_is_not_charged_to_the_call():
+    timer = CapturedTimer(_HostEvents())
+    spins = (0.004, 0.010)   # one spin in two runs 6 ms longer: jitter, not the call's time
+    batch = timer.time_batch([lambda: time.sleep(0.001)] * 4, _SleepFlusher(0.001, spins))
+    assert 4 * 0.0069 * 1e3 <= batch.spin_ms <= batch.flush_ms and batch.flush_ms >= batch.spin_ms + 4 * 0.9
+    ref = TimedCall("ref", 4 * 6.0 + 4 * 1.0, 100.0, [1.0] * 4, 4 * 6.0, spin_ms=4 * 5.0)   # its spins: 5 ms mean
+    cand = TimedCall("cand", batch.span_ms, batch.span_ms + 1.0, batch.rep_ms, batch.flush_ms, spin_ms=batch.spin_ms)
+    cand.floor_flush_ms = floor_flush(ref, cand, spin_bound_ms=11.0)
+    assert cand.call_ms < 3.0           # the call's ~1 ms (+ host overhead), not the spins' 1-5 ms of jitter
+    cand.floor_flush_ms = ref.flush_ms  # the old floor: the reference's mean flush, spins included
+    assert cand.call_ms > 3.0
+    # a forged spin figure buys at most the bound per call
+    forged = TimedCall("cand", 40.0, 41.0, [0.01] * 4, 39.0, spin_ms=39.0)
+    forged.floor_flush_ms = floor_flush(ref, forged, spin_bound_ms=2.0)
+    assert forged.call_ms == pytest.approx((40.0 - 4 * 1.0 - 4 * 2.0) / 4)
+
+
+def test_the_gpu_flush_keeps_the_device_busy_while_the_next_call_is_enqueued():
+    class Gpu:
+        is_gpu = True
+
+        def __init__(self, l2):
+            self.l2 = l2
+
+        def l2_cache_bytes(self, index):
+            return self.l2
+
+    class Cfg:
+        cpu_flush_bytes = 8 << 20
+
+    assert flush_bytes(Gpu(50 << 20), Cfg()) == MIN_GPU_FLUSH_BYTES == 256 << 20   # an H200: not 2x its L2
+    assert flush_bytes(Gpu(200 << 20), Cfg()) == 400 << 20
+    assert flush_bytes(Gpu(None), Cfg()) == MIN_GPU_FLUSH_BYTES
+    assert flush_bytes(get_backend("cpu"), Cfg()) == 8 << 20
 
 
 def test_span_floors_work_hidden_outside_the_call_events():
