@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from data_synth.compact import STYLES, compact_answer, op_block, supported_ops, supports
+from data_synth.compact import STYLES, compact_answer, op_source, supported_ops, supports
 from data_synth.generate import GenConfig, generate_candidate
 from data_synth.rft import (Candidate, RFTConfig, cluster, draw_targets, native_sources, native_tokens, select,
                             signature)
@@ -32,9 +32,12 @@ def test_generation_keeps_to_the_op_list_and_compact_answers_pass_the_static_rul
         code = extract_candidate(ans.response, max_bytes=1 << 20)
         assert code == ans.code and check_source(code, "cpu") == []
         # one extension per distinct op, each the same text in every answer; calls in the reference's order
-        for op in dict.fromkeys(t.ops):
-            assert any(op_block(op, s) in code for s in STYLES)
-        assert [ln.split("=")[1].split("_ext")[0].strip() for ln in code.splitlines() if "_ext.run(" in ln] == t.ops
+        distinct = list(dict.fromkeys(t.ops))
+        for k, op in enumerate(distinct, 1):
+            assert any(f'src{k} = """\n{op_source(op, s)}"""' in code for s in STYLES)
+            assert f'ext{k} = load_inline(name="{op}_ext", cpp_sources=src{k},' in code
+        calls = [ln.split("=")[1].split(".run")[0].strip() for ln in code.splitlines() if ".run(" in ln]
+        assert calls == [f"ext{distinct.index(op) + 1}" for op in t.ops]
         assert native_sources(code) and len(native_sources(code)) == len(set(t.ops))
     # the style is drawn per (seed, task, op): both appear, and a fixed style list is honoured
     styles = {s for t in tasks for s in compact_answer(t, "cpu").recipe.split(":")[1].replace("+", "/").split("/")
