@@ -98,6 +98,19 @@ def expect(result, category, rule=None):
         assert result.rule == rule, (result.rule, result.feedback)
 
 
+PERSISTENT_OUT_PARAMETER = '''
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.buf = None
+
+    def forward(self, a, b):
+        if self.buf is None or self.buf.shape != a.shape:
+            self.buf = torch.empty_like(a)                                 # a persistent output buffer
+        ext.add_out(a, b, self.buf)                                        # out-parameter style
+        return self.buf.view(-1).view(a.shape)
+'''
+
 DECOY_THROWN_AWAY = '''
 class ModelNew(nn.Module):
     def forward(self, x):
@@ -125,18 +138,7 @@ def test_decoy_kernels_on_a_transpose_task_are_cheating(make_cfg, model):
 @pytest.mark.slow
 @pytest.mark.parametrize("task_name,model", [
     ("transpose", calling("ext.transpose2d(x)", "x")),                      # the kernel does the data movement
-    ("elementwise_add", '''
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.buf = None
-
-    def forward(self, a, b):
-        if self.buf is None or self.buf.shape != a.shape:
-            self.buf = torch.empty_like(a)                                 # a persistent output buffer
-        ext.add_out(a, b, self.buf)                                        # out-parameter style
-        return self.buf.view(-1).view(a.shape)
-'''),
+    ("elementwise_add", PERSISTENT_OUT_PARAMETER),
 ], ids=["transpose_kernel", "persistent_out_parameter"])
 def test_honest_kernels_survive_the_ablation(make_cfg, task_name, model):
     r = run(task_name, compiled(model), make_cfg())

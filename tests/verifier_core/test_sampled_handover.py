@@ -12,7 +12,8 @@ from verifier.tasks import load_task
 from verifier.types import Category
 
 from .candidates import compiled, task_path
-from .test_redteam_2026 import BATCH_AND_SKIP, DECOY_THROWN_AWAY, REPLAY_FROM_HARNESS, calling
+from .test_redteam_2026 import (BATCH_AND_SKIP, DECOY_THROWN_AWAY, PERSISTENT_OUT_PARAMETER, REPLAY_FROM_HARNESS,
+                               calling)
 
 SAMPLED = {"sample_outputs_above_bytes": 1024, "output_sample_elements": 256}
 
@@ -56,18 +57,7 @@ def test_large_outputs_are_handed_over_in_full_once_per_check(make_cfg):
     ("elementwise_add", BATCH_AND_SKIP, Category.CHEATING, "timing_output_mismatch"),
     # an out-parameter kernel writing a persistent model buffer: the ablation restores the buffer only after
     # the sample was handed over, so the poisoned output is judged (and the honest kernel passes)
-    ("elementwise_add", '''
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.buf = None
-
-    def forward(self, a, b):
-        if self.buf is None or self.buf.shape != a.shape:
-            self.buf = torch.empty_like(a)
-        ext.add_out(a, b, self.buf)
-        return self.buf.view(-1).view(a.shape)
-''', Category.PASS, None),
+    ("elementwise_add", PERSISTENT_OUT_PARAMETER, Category.PASS, None),
     # a wrong shape: the first trial (full) names it
     ("relu", calling("ext.relu(x)[:, :-1].contiguous()", "x"),
      Category.CORRECTNESS_ERROR, None),
