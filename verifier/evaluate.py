@@ -44,7 +44,8 @@ from typing import Any
 from . import feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
-from .correctness import compare_outputs, flatten_outputs, same_structure, spec_summary, squared_error
+from .correctness import (_unravel, compare_outputs, flatten_outputs, same_structure, sample_index, spec_summary,
+                          squared_error)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -350,8 +351,6 @@ class _DeviceStage:
         """The reference leaves as a sampled handover carries them (a tensor of more than k entries becomes the
         entries ``sample_index`` picks, drawn by this process from the seed it chose) and the picks by leaf."""
         import torch
-
-        from .correctness import sample_index
         if sample is None:
             return list(ref_leaves), {}
         targets, picks = [], {}
@@ -396,7 +395,6 @@ class _DeviceStage:
     @staticmethod
     def _full_position(c, picks: dict[int, Any], ref_leaves: list) -> None:
         """Name a mismatch found in a sample by its index in the full output."""
-        from .correctness import _unravel
         m = c.mismatch
         if m is not None and m.output in picks and m.index is not None and len(m.index) == 1:
             m.index = _unravel(int(picks[m.output][m.index[0]]), ref_leaves[m.output].shape)
@@ -543,7 +541,7 @@ class _DeviceStage:
             raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "
                                                           f"{err.get('message', '')[:300]}"), traceback=err)
         self.details["device"] = ready.get("device")
-        if getattr(self, "alone", False):   # from here on the stage has the device to itself
+        if self.alone:   # from here on the stage has the device to itself
             self._hold("exclusive")
             too_big = memory_problem(self.footprint, self.cfg, self.backend, self.index, self.details)
             if too_big:   # nothing of the task is loaded yet
@@ -814,7 +812,6 @@ class _DeviceStage:
         leaves16, leaves64 = flatten_outputs(out16)[0], flatten_outputs(out64)[0]
         # the error statistics over the entries the handover sampled, and over a sample of any other output of
         # more than output_sample_elements entries (root mean squares: a few million entries estimate them well)
-        from .correctness import sample_index
         k, picks = self.cfg.output_sample_elements, dict(picks or {})
 
         def pick(t, idx):
