@@ -42,7 +42,8 @@ def _time(fn, repeats: int) -> float:
 def sampler(batch: int, repeats: int) -> dict:
     import torch
 
-    from megatron_rl.rollout.sampling import RequestSampling, filtered_probs, rollout_logprobs, sample
+    from megatron_rl.rollout.sampling import RequestSampling, filtered_probs, request_uniforms, rollout_logprobs, \
+        sample
 
     logits = torch.randn(batch, VOCAB, generator=torch.Generator().manual_seed(0))
     plain = [RequestSampling.from_sglang({"temperature": 1.0})] * batch
@@ -56,8 +57,9 @@ def sampler(batch: int, repeats: int) -> dict:
         return lp.gather(-1, tokens.unsqueeze(-1))
 
     prev = _time(previous, repeats)
-    now = _time(lambda: sample(logits, plain, gens), repeats)
-    filt = _time(lambda: sample(logits, nucleus, gens), repeats)
+    uniforms = lambda: request_uniforms(torch.arange(batch), torch.zeros(batch, dtype=torch.long))  # noqa: E731
+    now = _time(lambda: sample(logits, plain, uniforms()), repeats)
+    filt = _time(lambda: sample(logits, nucleus, uniforms()), repeats)
     return {"batch": batch, "vocab": VOCAB, "previous_ms": round(prev, 2), "current_ms": round(now, 2),
             "speedup": round(prev / now, 2), "current_top_p_0.95_ms": round(filt, 2)}
 

@@ -1,13 +1,25 @@
-"""Generation throughput of the embedded engine (HF transformers, batched KV-cached decode) over HTTP.
+"""Generation throughput of the embedded engine over HTTP, beside transformers' compiled generate and the bandwidth limit.
 
-    python bench/embedded_generate.py [--shape 8b|1b|tiny] [--concurrency 1 16 64] [--prompt-len 128]
-                                      [--new-tokens 128]
+    python bench/embedded_generate.py [--shape 8b|9b_hybrid|1b|tiny|tiny_hybrid] [--concurrency 1 16 64 256]
+        [--prompt-len 512] [--new-tokens 512] [--decode slots dynamic] [--dynamic-levels 1 16]
+        [--hf-levels 1 64] [--profile] [--out FILE]
 
-Serves a random bf16 Qwen3 of the given shape in-process (the same engine and HTTP server as
-``python -m megatron_rl.rollout.embedded_server``), sends `concurrency` simultaneous seeded requests
-through the one EngineClient and reports generated tokens/s per concurrency level as JSON.
-``--profile`` also splits each level's wall time into the model forward, the sampler and the rest
-(device-synchronised timers around both, so it slows the run a little): where a decode step goes.
+One random bf16 model of the given shape serves, in-process, through the same engine and HTTP server as
+``python -m megatron_rl.rollout.embedded_server``; `concurrency` simultaneous seeded requests go through one
+EngineClient. Side by side in the same run:
+
+* each decode path named in ``--decode`` (``slots``: preallocated slots + CUDA graphs; ``slots+compile``: the
+  same with torch.compile fusing the step's kernels; ``dynamic``: the DynamicCache path this engine had before),
+  the dynamic one only at ``--dynamic-levels`` (it is slow);
+* transformers' own ``generate`` on the same model with ``cache_implementation="static"`` (which compiles the
+  decode step with torch.compile), greedy, at ``--hf-levels``;
+* the memory-bandwidth limit: the device-to-device copy bandwidth measured here, and per level the tokens/s
+  if a decode step only read the weights once plus every request's K/V at its mean length.
+
+``--profile`` splits each level's wall time into decode forward (or graph replay), sampling, and the rest
+(device-synchronised timers, so it slows the run a little), with a prefill/decode step count; and, per decode
+path, runs one request of 64 tokens under torch.profiler: wall ms per decode step beside the GPU kernel time
+and kernel launches per step (a step far longer than its kernels is host-bound), and the top kernels.
 """
 from __future__ import annotations
 
@@ -21,105 +33,241 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import emit_json  # noqa: E402
+from megatron_rl.fsutil import write_text_atomic  # noqa: E402
 from bench.sync_8b import SHAPES, hf_config_dict  # noqa: E402  (the sync benchmark's shapes and HF config)
 
 
-def _install_profile(model, device) -> dict:
-    """Wrap the model forward and the engine's sampler with synchronised timers."""
+def _install_profile(engine, device) -> dict:
+    """Synchronised timers around the decode forward of either path, the sampler, and prefill."""
     import torch
 
-    import megatron_rl.rollout.embedded_engine as engine_mod
-
-    acc = {"forward_s": 0.0, "sample_s": 0.0, "steps": 0}
+    acc = {"decode_s": 0.0, "sample_s": 0.0, "prefill_s": 0.0, "decode_steps": 0, "prefills": 0}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def timed(fn, key, count=False):
+    def timed(obj, name, key, count=None):
+        fn = getattr(obj, name)
+
         def wrapper(*a, **k):
             sync()
             t = time.perf_counter()
             out = fn(*a, **k)
             sync()
             acc[key] += time.perf_counter() - t
-            acc["steps"] += int(count)
+            if count:
+                acc[count] += 1
             return out
-        return wrapper
+        setattr(obj, name, wrapper)
 
-    model.forward = timed(model.forward, "forward_s", count=True)
-    engine_mod.sample = timed(engine_mod.sample, "sample_s")
+    timed(engine, "_sample_and_record", "sample_s")
+    if engine._slots is not None:
+        timed(engine._slots, "step", "decode_s", "decode_steps")
+        timed(engine, "_prefill_into_slots", "prefill_s", "prefills")
+    else:
+        timed(engine, "_decode_step", "decode_s", "decode_steps")
+        timed(engine, "_prefill", "prefill_s", "prefills")
     return acc
+
+
+def _prompts(n: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    return [[(seed * 131 + i * 17 + j * 7) % (vocab - 1) + 1 for j in range(prompt_len)] for i in range(n)]
 
 
 async def _wave(client, n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int):
     from megatron_rl.rollout.protocol import SamplingParams
 
-    prompts = [[(seed * 131 + i * 17 + j * 7) % (vocab - 1) + 1 for j in range(prompt_len)] for i in range(n)]
-    sp = lambda i: SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=new_tokens, seed=seed + i,  # noqa: E731
+    prompts = _prompts(n, prompt_len, vocab, seed)
+    sp = lambda i: SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, seed=seed + i,  # noqa: E731
                                   ignore_eos=True)
     t = time.perf_counter()
     results = await asyncio.gather(*(client.generate(p, sp(i)) for i, p in enumerate(prompts)))
     return time.perf_counter() - t, sum(len(r.token_ids) for r in results)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--gather-ms", type=float, default=20.0, help="the engine's wave-gathering window")
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--profile", action="store_true", help="split the time into forward / sampling / other")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
+async def _kernel_profile(client, cfg, args, new_tokens: int = 64) -> dict:
+    """One request under torch.profiler: per decode step, wall time vs summed kernel time and kernel count."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        await _wave(client, 1, args.prompt_len, new_tokens, cfg["vocab_size"], 5)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.self_device_time_total for e in kernels)
+    launches = sum(e.count for e in kernels)
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:8]
+    steps = new_tokens   # one prefill + new_tokens - 1 decode steps; the prefill is a small share at 512 tokens
+    return {"new_tokens": new_tokens, "wall_ms_per_token": round(wall / steps * 1e3, 2),
+            "kernel_ms_per_token": round(busy_us / steps / 1e3, 2), "kernel_launches_per_token": round(launches / steps, 1),
+            "gpu_busy_fraction": round(busy_us / 1e6 / wall, 3),
+            "top_kernels": [{"name": e.key[:80], "ms_per_token": round(e.self_device_time_total / steps / 1e3, 3),
+                             "calls_per_token": round(e.count / steps, 1)} for e in top]}
+
+
+def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> dict:
     import torch
 
     from megatron_rl.rollout.client import EngineClient
     from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
-    from megatron_rl.rollout.embedded_server import EmbeddedServer, load_model, resolve_device, resolve_dtype
+    from megatron_rl.rollout.embedded_server import EmbeddedServer
 
-    device = resolve_device(args.device)
-    cfg = hf_config_dict(args.shape)
-    t = time.perf_counter()
-    model, _ = load_model(None, hf_config=cfg, device=device, dtype=resolve_dtype(args.dtype))
-    load_s = time.perf_counter() - t
-    acc = _install_profile(model, device) if args.profile else None
-    server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=args.max_batch_size,
-                                                                       gather_ms=args.gather_ms)))
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=max(levels), gather_ms=args.gather_ms,
+                                                        decode=decode.split("+")[0],
+                                                        compile_decode=decode.endswith("+compile"),
+                                                        cuda_graphs=not args.no_cuda_graphs,
+                                                        kv_cache_fraction=args.kv_cache_fraction))
+    acc = _install_profile(engine, device) if args.profile else None
+    server = EmbeddedServer(engine)
     server.start_in_thread()
     client = EngineClient(server.url)
-    out = {"bench": "embedded_generate", "shape": args.shape, "device": str(device), "dtype": args.dtype,
-           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "max_batch_size": args.max_batch_size,
-           "gather_ms": args.gather_ms,
-           "params": sum(x.numel() for x in model.parameters()), "model_init_s": round(load_s, 2),
-           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "levels": []}
+    out = {"decode": decode, "levels": []}
 
     async def run_all():
         try:
-            await _wave(client, 2, args.prompt_len, 4, cfg["vocab_size"], 0)  # warm-up
-            for n in args.concurrency:
+            # warm-up: the slot buffers sized for the run, and (slots) every level's graph captured
+            t = time.perf_counter()
+            for n in levels:
+                await _wave(client, n, args.prompt_len, 3, cfg["vocab_size"], 0)
+            out["warmup_s"] = round(time.perf_counter() - t, 2)
+            if args.profile and device.type == "cuda":
+                out["one_request_profile"] = await _kernel_profile(client, cfg, args)
+            for n in levels:
                 if acc is not None:
-                    acc.update(forward_s=0.0, sample_s=0.0, steps=0)
+                    acc.update({k: 0 if isinstance(v, int) else 0.0 for k, v in acc.items()})
                 secs, toks = await _wave(client, n, args.prompt_len, args.new_tokens, cfg["vocab_size"], 1)
                 level = {"concurrency": n, "seconds": round(secs, 3), "generated_tokens": toks,
                          "tokens_per_s": round(toks / secs, 1)}
                 if acc is not None:
-                    steps = max(acc["steps"], 1)
-                    level["profile_ms_per_step"] = {
-                        "forward": round(acc["forward_s"] / steps * 1e3, 2),
-                        "sample": round(acc["sample_s"] / steps * 1e3, 2),
-                        "other": round((secs - acc["forward_s"] - acc["sample_s"]) / steps * 1e3, 2),
-                        "steps": acc["steps"]}
+                    steps = max(acc["decode_steps"], 1)
+                    level["profile"] = {
+                        "decode_ms_per_step": round(acc["decode_s"] / steps * 1e3, 2),
+                        "sample_ms_per_step": round(acc["sample_s"] / (steps + acc["prefills"]) * 1e3, 2),
+                        "prefill_s": round(acc["prefill_s"], 3), "prefills": acc["prefills"],
+                        "other_s": round(secs - acc["decode_s"] - acc["sample_s"] - acc["prefill_s"], 3),
+                        "decode_steps": acc["decode_steps"]}
                 out["levels"].append(level)
-                print(json.dumps(level), file=sys.stderr, flush=True)
+                print(json.dumps({"decode": decode, **level}), file=sys.stderr, flush=True)
         finally:
             await client.close()
 
     try:
         asyncio.run(run_all())
+        out["engine"] = engine.decode_info()
     finally:
         server.stop()
+        engine.release_memory(["kv_cache", "cuda_graph"]) if engine.is_idle() else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def hf_generate_levels(model, cfg, args, levels: list[int], device) -> dict:
+    """transformers' generate with a static cache (its decode step compiled by torch.compile), greedy; the first
+    call at each batch size compiles and is not timed."""
+    import torch
+
+    out = {"path": "transformers generate, cache_implementation=static (torch.compile)", "levels": []}
+    for n in levels:
+        ids = torch.tensor(_prompts(n, args.prompt_len, cfg["vocab_size"], 1), device=device)
+        kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                  cache_implementation="static", pad_token_id=0)
+        try:
+            t = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), **kw)   # compiles
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t
+            t = time.perf_counter()
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            torch.cuda.synchronize()
+            secs = time.perf_counter() - t
+        except Exception as e:   # a baseline failure must not lose the engine's figures
+            out["levels"].append({"concurrency": n, "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        toks = (gen.shape[1] - ids.shape[1]) * n
+        level = {"concurrency": n, "seconds": round(secs, 3), "generated_tokens": toks,
+                 "tokens_per_s": round(toks / secs, 1), "first_call_s": round(compile_s, 1)}
+        out["levels"].append(level)
+        print(json.dumps({"hf": True, **level}), file=sys.stderr, flush=True)
+    return out
+
+
+def bandwidth_limit(model, cfg, args, levels: list[int], device) -> dict:
+    """Measured copy bandwidth, and per level the tokens/s of a decode step that only reads the weights once and
+    each request's K/V (attention layers) at the run's mean context length."""
+    import torch
+
+    x = torch.empty(2 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 2 * x.numel() * 10 / (time.perf_counter() - t)   # read + write
+    del x, y
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    c = model.config
+    attn_layers = sum(t == "full_attention" for t in (getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers))
+    kv_per_token = attn_layers * 2 * c.num_key_value_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads) * 2
+    mean_ctx = args.prompt_len + args.new_tokens / 2
+    levels_out = []
+    for n in levels:
+        step_bytes = weight_bytes + n * mean_ctx * kv_per_token
+        levels_out.append({"concurrency": n, "step_ms": round(step_bytes / bw * 1e3, 3),
+                           "tokens_per_s": round(n * bw / step_bytes, 1)})
+    return {"copy_bandwidth_gb_s": round(bw / 1e9, 1), "weight_gb": round(weight_bytes / 1e9, 2),
+            "kv_bytes_per_token": kv_per_token, "levels": levels_out}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--decode", nargs="+", choices=("slots", "slots+compile", "dynamic"), default=["slots", "dynamic"],
+                   help="slots+compile: the slot path with its decode step compiled by torch.compile")
+    p.add_argument("--dynamic-levels", type=int, nargs="*", default=[1, 16],
+                   help="concurrency levels at which the (slow) dynamic path runs")
+    p.add_argument("--hf-levels", type=int, nargs="*", default=[1, 64],
+                   help="concurrency levels of the transformers static-cache generate baseline (none: skip)")
+    p.add_argument("--gather-ms", type=float, default=20.0, help="the engine's wave-gathering window")
+    p.add_argument("--kv-cache-fraction", type=float, default=0.6)
+    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--profile", action="store_true", help="split each level into decode / sampling / prefill / rest")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    import torch
+
+    from megatron_rl.rollout.embedded_server import load_model, resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    cfg = hf_config_dict(args.shape)
+    cfg["max_position_embeddings"] = max(cfg.get("max_position_embeddings", 0), args.prompt_len + args.new_tokens + 64)
+    t = time.perf_counter()
+    model, _ = load_model(None, hf_config=cfg, device=device, dtype=resolve_dtype(args.dtype))
+    load_s = time.perf_counter() - t
+    out = {"bench": "embedded_generate", "shape": args.shape, "device": str(device), "dtype": args.dtype,
+           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "sampling": "temperature 1, no filter",
+           "gather_ms": args.gather_ms, "params": sum(x.numel() for x in model.parameters()),
+           "model_init_s": round(load_s, 2),
+           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__}
+    if device.type == "cuda":
+        out["bandwidth_limit"] = bandwidth_limit(model, cfg, args, args.concurrency, device)
+    out["engine"] = []
+    for decode in args.decode:
+        levels = args.concurrency if decode.startswith("slots") else [n for n in args.concurrency if n in args.dynamic_levels]
+        if levels:
+            out["engine"].append(engine_levels(model, cfg, args, decode, levels, device))
+            if args.out:   # keep what is measured if a later part runs out of time
+                write_text_atomic(args.out, json.dumps(out) + "\n")
+    if args.hf_levels and device.type == "cuda":
+        out["hf_generate"] = hf_generate_levels(model, cfg, args, args.hf_levels, device)
     emit_json(out, args.out)
     return 0
 

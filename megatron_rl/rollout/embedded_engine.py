@@ -4,10 +4,12 @@ It exists for one machine and for CI, behind the SGLang HTTP subset (`embedded_s
 module holds the engine itself, independent of HTTP:
 
 * a scheduler thread batches waiting requests (up to `max_batch_size`), left-pads them, prefills once
-  and decodes step by step with ``past_key_values``; finished rows leave the cache, and requests that
-  arrive meanwhile are prefilled on their own and join the running batch at the next step (continuous
-  batching: their cache rows, K/V for attention layers and the fixed conv/recurrent state of Gated
-  DeltaNet layers, are appended to the batch's);
+  and decodes step by step; finished rows leave, and requests that arrive meanwhile are prefilled on
+  their own and join the running batch at the next step (continuous batching);
+* two decode paths with the same results: ``slots`` (the default wherever the model's layers are full or
+  linear attention; `slot_decode.py`): preallocated per-request K/V and GDN-state slots, one CUDA graph per
+  batch size on a GPU; ``dynamic``: transformers' DynamicCache, rows concatenated and cropped as requests
+  join and leave (any architecture transformers can cache);
 * per-request sampling and logprobs (`sampling.py`, SGLang semantics);
 * SGLang control semantics: pause (``abort`` ends in-flight requests with finish reason abort;
   ``in_place``/``retract`` freeze them until continue), flush refused unless idle, memory
@@ -29,13 +31,15 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .sampling import RequestSampling, sample
+from .sampling import RequestSampling, request_uniforms, sample, seed_tensor, unfiltered
+from .slot_decode import SlotDecoder, slot_compatible, supports_slots, use_decode_attention
 
 log = logging.getLogger(__name__)
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 PAUSE_MODES = ("abort", "in_place", "retract")
 MAX_WAVE_FAILURES = 3  # consecutive failed waves before the scheduler gives up (and /health fails)
+DECODE_PATHS = ("auto", "slots", "dynamic")
 
 
 class EngineStateError(RuntimeError):
@@ -58,6 +62,16 @@ class EmbeddedEngineConfig:
     gather_ms: float = 20.0
     # requests arriving while a batch decodes join it at the next step (False: waves run to completion)
     continuous_batching: bool = True
+    # "slots" (preallocated cache slots, CUDA graphs on a GPU), "dynamic" (HF DynamicCache), "auto": slots
+    # when the model's layers allow it
+    decode: str = "auto"
+    cuda_graphs: bool = True
+    # torch.compile the slot decode step (fuses its small kernels; the first step of each shape compiles)
+    compile_decode: bool = False
+    # share of the device memory free at allocation that the slot cache may take (SGLang: mem_fraction_static)
+    kv_cache_fraction: float = 0.6
+    # a group of joining requests is prefilled in chunks of at most this many (padded) tokens
+    max_prefill_tokens: int = 16384
 
 
 @dataclasses.dataclass
@@ -67,7 +81,7 @@ class GenRequest:
     sampling: RequestSampling
     return_logprob: bool
     on_done: Callable[[dict], None]
-    generator: torch.Generator | None = None
+    seed: int = 0   # the draws' seed: token i uses request_uniforms(seed, i)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     finish: dict | None = None
@@ -92,6 +106,12 @@ class EmbeddedEngine:
         self.config = config or EmbeddedEngineConfig()
         if self.config.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.config.max_batch_size}")
+        if self.config.decode not in DECODE_PATHS:
+            raise ValueError(f"decode must be one of {DECODE_PATHS}, got {self.config.decode!r}")
+        if not 0.0 < self.config.kv_cache_fraction <= 1.0:
+            raise ValueError(f"kv_cache_fraction must be in (0, 1], got {self.config.kv_cache_fraction}")
+        if self.config.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.config.max_prefill_tokens}")
         self.tokenizer = tokenizer
         self.model_path = model_path
         hf = model.config
@@ -102,6 +122,19 @@ class EmbeddedEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._weight_version = str(self.config.weight_version)
         self._seed_rng = torch.Generator().manual_seed(self.config.seed) if self.config.seed is not None else None
+        use_decode_attention(model)
+        why_not = supports_slots(model)
+        if self.config.decode == "slots" and why_not:
+            raise ValueError(f"decode='slots' cannot serve this model: {why_not}")
+        if self.config.compile_decode and "linear_attention" in (getattr(model.config, "layer_types", None) or ()):
+            # on the CPU, inductor's code for the compiled GDN step corrupted the heap; never tried on a GPU
+            raise ValueError("compile_decode supports attention-only models; this one has Gated DeltaNet layers")
+        self._slots: SlotDecoder | None = None
+        if self.config.decode != "dynamic" and why_not is None:
+            self._slots = SlotDecoder(model, max_batch=self.config.max_batch_size, context_length=self.context_length,
+                                      cuda_graphs=self.config.cuda_graphs,
+                                      memory_fraction=self.config.kv_cache_fraction,
+                                      compile_decode=self.config.compile_decode)
 
         self._cv = threading.Condition()
         self._model_lock = threading.RLock()
@@ -154,6 +187,12 @@ class EmbeddedEngine:
     def released_tags(self) -> list[str]:
         return sorted(self._released)
 
+    def decode_info(self) -> dict:
+        """Which decode path serves, and (slots) the cache and graph figures."""
+        if self._slots is None:
+            return {"decode": "dynamic"}
+        return {"decode": "slots", **self._slots.info()}
+
     def _in_flight(self) -> int:
         """Requests of the current wave not yet answered (lock held). A wave's requests are answered as they
         finish, before the wave itself ends: a client that got its answer must find the engine idle."""
@@ -195,7 +234,7 @@ class EmbeddedEngine:
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng).item()) if self._seed_rng is not None \
                 else secrets.randbits(62)
-        req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        req.seed = int(seed)
         if req.sampling.max_new_tokens == 0:
             self._finish(req, {"type": "length", "length": 0})
             return
@@ -256,6 +295,11 @@ class EmbeddedEngine:
         if not self.is_idle():
             raise EngineStateError("cannot release memory while requests are running or waiting")
         with self._model_lock:
+            if self._slots is not None:
+                if "kv_cache" in tags:
+                    self._slots.free()
+                if "weights" in tags or "cuda_graph" in tags:   # graphs hold the weights' addresses
+                    self._slots.drop_graphs()
             if "weights" in tags and "weights" not in self._released and self.device.type != "cpu":
                 for p in self._unique_tensors():
                     p.data = p.data.to("cpu")
@@ -440,6 +484,9 @@ class EmbeddedEngine:
         """Decode `wave` to completion. With `continuous_batching`, requests that arrive meanwhile join at the
         next step (prefilled on their own, then their cache rows appended to the running batch's), so a new
         turn or a late group never waits for the longest running request."""
+        if self._slots is not None:
+            self._run_slots(list(wave))
+            return
         batch = self._prefill(list(wave), None)
         if self._joinable is None:
             self._joinable = self.config.continuous_batching and supports_joining(batch.cache)
@@ -465,10 +512,98 @@ class EmbeddedEngine:
             self._running = [r for r in self._running if r.finish is None] + joining
             return joining
 
-    def _prefill(self, joining: list[GenRequest], batch: "_Batch | None") -> "_Batch":
-        """Prefill `joining` (left-padded), sample their first token, and append them to `batch`."""
+    # ------------------------------------------------------------------ slot decoding
+
+    def _run_slots(self, pending: list[GenRequest]) -> None:
+        """The slot path of `_run_wave`: `pending` requests are taken but not yet in a slot. Each turn applies the
+        controls, frees finished slots, prefills what fits (growing the slots' length when a request needs it),
+        and otherwise decodes one step."""
+        dec = self._slots
+        while True:
+            if not self._check_controls(dec.active + pending):
+                return
+            with self._model_lock:   # release_memory may free the slots from another thread
+                dec.drop_finished(lambda r: r.finish is not None)
+            pending = [r for r in pending if r.finish is None]
+            if self.config.continuous_batching:
+                pending += self._admit(len(dec.active) + len(pending))
+            chunk = self._slot_chunk(pending)
+            if chunk:
+                pending = [r for r in pending if r not in chunk]
+                self._prefill_into_slots(chunk)
+            elif dec.active:
+                self._slot_decode_step()
+            elif pending:   # nothing runs and the first waiting request does not fit even alone
+                r = pending.pop(0)
+                with self._cv:
+                    self._finish(r, {"type": "abort", "message": (
+                        f"request needs {dec.need(r)} cache tokens; the KV cache memory budget cannot hold them "
+                        f"(kv_cache_fraction={self.config.kv_cache_fraction})")})
+            else:
+                return
+
+    def _slot_chunk(self, pending: list[GenRequest]) -> list[GenRequest]:
+        """The next pending requests that fit free slots and one prefill chunk (growing the slot length if needed)."""
+        dec, chunk, longest = self._slots, [], 0
+        for r in pending:
+            if r.finish is not None:
+                continue
+            if not dec.allocated or dec.need(r) > dec.max_len:
+                with self._model_lock:
+                    grown = dec.ensure(self._slot_template, max([dec.need(r)] + [dec.need(a) for a in dec.active]))
+                if not grown:
+                    break
+            if len(dec.active) + len(chunk) >= dec.slots:
+                break
+            longest_if = max(longest, len(r.prompt))
+            if chunk and longest_if * (len(chunk) + 1) > self.config.max_prefill_tokens:
+                break
+            chunk.append(r)
+            longest = longest_if
+        return chunk
+
+    def _slot_template(self):
+        """A one-token DynamicCache: the layer shapes and dtypes the slot buffers copy."""
         from transformers import DynamicCache
 
+        if "weights" in self._released:
+            raise EngineStateError("weights were released during generation")
+        cache = DynamicCache(config=self.model.config)
+        one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if not slot_compatible(cache):
+            raise EngineStateError(f"the model's cache layers {[type(x).__name__ for x in cache.layers]} cannot be "
+                                   f"held in slots; serve it with decode='dynamic'")
+        return cache
+
+    def _prefill_into_slots(self, joining: list[GenRequest]) -> None:
+        ids, mask, pos = self._left_padded(joining)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
+        width = ids.shape[1]
+        seeds = seed_tensor([r.seed for r in joining], self.device)
+        with self._model_lock:
+            for i, r in enumerate(joining):
+                self._slots.add(r, cache, i, width - len(r.prompt), tokens[i], seeds[i])
+
+    def _slot_decode_step(self) -> None:
+        dec = self._slots
+        with self._model_lock:
+            if "weights" in self._released:
+                raise EngineStateError("weights were released during generation")
+            logits, tokens, logprobs = dec.step()
+        active = dec.active
+        if all(unfiltered(r.sampling) for r in active):
+            self._record(active, tokens, logprobs)
+        else:   # the graph drew without filters; draw again with them, from the same logits and uniforms
+            dec.ids[: len(active)] = self._sample_and_record(active, logits)
+
+    # ------------------------------------------------------------------ dynamic-cache decoding
+
+    def _left_padded(self, joining: list[GenRequest]):
+        """Token ids, attention mask and positions of `joining`'s prompts, left-padded to the longest."""
         dev = self.device
         max_len = max(len(r.prompt) for r in joining)
         ids = torch.zeros(len(joining), max_len, dtype=torch.long)
@@ -477,7 +612,13 @@ class EmbeddedEngine:
             ids[i, max_len - len(r.prompt):] = torch.tensor(r.prompt)
             mask[i, max_len - len(r.prompt):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp_min(0)
+
+    def _prefill(self, joining: list[GenRequest], batch: "_Batch | None") -> "_Batch":
+        """Prefill `joining` (left-padded), sample their first token, and append them to `batch`."""
+        from transformers import DynamicCache
+
+        ids, mask, pos = self._left_padded(joining)
         cache = DynamicCache(config=self.model.config)
         tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
         new = _Batch(cache=cache, mask=mask, step_ids=tokens.view(-1, 1), step_pos=pos[:, -1:] + 1,
@@ -500,8 +641,18 @@ class EmbeddedEngine:
                 raise EngineStateError("weights were released during generation")
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :].float()
-        tokens, lps = sample(logits, [r.sampling for r in active], [r.generator for r in active])
+        return self._sample_and_record(active, out.logits[:, -1, :])
+
+    def _sample_and_record(self, active: list[GenRequest], logits: torch.Tensor) -> torch.Tensor:
+        """Sample each row's next token (its own seed, its token index), record it and finish stopped requests."""
+        uniforms = request_uniforms(seed_tensor([r.seed for r in active], logits.device),
+                                    torch.tensor([len(r.tokens) for r in active], device=logits.device))
+        tokens, lps = sample(logits.float(), [r.sampling for r in active], uniforms)
+        self._record(active, tokens, lps)
+        return tokens
+
+    def _record(self, active: list[GenRequest], tokens: torch.Tensor, lps: torch.Tensor) -> None:
+        """Append each row's token and logprob to its request (one device sync) and finish stopped requests."""
         tokens_l, lps_l = tokens.tolist(), lps.tolist()
         with self._cv:
             for r, t, lp in zip(active, tokens_l, lps_l):
@@ -512,7 +663,6 @@ class EmbeddedEngine:
                 reason = self._stop_reason(r, int(t))
                 if reason is not None:
                     self._finish(r, reason)
-        return tokens
 
     def _stop_reason(self, r: GenRequest, t: int) -> dict | None:
         if not r.sampling.ignore_eos and t in self.eos_ids:

@@ -239,7 +239,7 @@ class EmbeddedServer:
             "engine": "embedded", "model_path": e.model_path, "device": str(e.device),
             "weight_version": e.weight_version, "paused": e.paused, "released": e.released_tags,
             "max_batch_size": e.config.max_batch_size, "context_length": e.context_length,
-            "weight_update_groups": sorted(self._groups), **e.load(),
+            "weight_update_groups": sorted(self._groups), **e.load(), **e.decode_info(),
         })
 
     # ------------------------------------------------------------------ control
@@ -598,6 +598,16 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="before a wave starts, wait this long for more requests to batch with it")
     p.add_argument("--default-max-new-tokens", type=int, default=128)
     p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--decode", choices=("auto", "slots", "dynamic"), default="auto",
+                   help="slots: preallocated cache slots with CUDA graphs on a GPU; dynamic: transformers' DynamicCache; "
+                        "auto: slots when the model's layers allow it")
+    p.add_argument("--disable-cuda-graph", action="store_true", help="slot decoding without CUDA graphs (SGLang's flag)")
+    p.add_argument("--enable-torch-compile", action="store_true",
+                   help="torch.compile the slot decode step (SGLang's flag; the first step of each shape compiles)")
+    p.add_argument("--kv-cache-fraction", type=float, default=0.6,
+                   help="share of the device memory free at allocation that the slot cache may take")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="joining requests are prefilled in chunks of at most this many padded tokens (SGLang's flag)")
     p.add_argument("--weight-version", default="0")
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--init-seed", type=int, default=0, help="seed of the random init with --hf-config")
@@ -658,13 +668,17 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device, args.base_gpu_id)
         model, tok = load_model(args.model_path, hf_config=hf_config, device=device, dtype=resolve_dtype(args.dtype),
                                 init_seed=args.init_seed)
+        engine = EmbeddedEngine(model, EmbeddedEngineConfig(
+            max_batch_size=args.max_batch_size, gather_ms=args.gather_ms,
+            default_max_new_tokens=args.default_max_new_tokens, weight_version=str(args.weight_version),
+            seed=args.random_seed, context_length=args.context_length, decode=args.decode,
+            cuda_graphs=not args.disable_cuda_graph, compile_decode=args.enable_torch_compile,
+            kv_cache_fraction=args.kv_cache_fraction,
+            max_prefill_tokens=args.max_prefill_tokens,
+        ), tokenizer=tok, model_path=args.model_path)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    engine = EmbeddedEngine(model, EmbeddedEngineConfig(
-        max_batch_size=args.max_batch_size, gather_ms=args.gather_ms, default_max_new_tokens=args.default_max_new_tokens,
-        weight_version=str(args.weight_version), seed=args.random_seed, context_length=args.context_length,
-    ), tokenizer=tok, model_path=args.model_path)
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

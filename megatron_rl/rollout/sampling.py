@@ -12,8 +12,9 @@ below 1e-6) use temperature 1, i.e. the plain model log-probabilities. Consequen
 
 Filtering order follows SGLang (flashinfer's renorm kernels): top-k and renormalise, then top-p (keep
 the smallest prefix of the sorted distribution whose mass reaches top_p; the most likely token always
-survives), then min-p (drop tokens below ``min_p * p_max``). Each request draws from its own seeded ``torch.Generator``, so a
-seeded request is reproducible whatever else shares its batch (given identical logits).
+survives), then min-p (drop tokens below ``min_p * p_max``). Each draw's uniform is a hash of the request's seed and
+the token's index (:func:`request_uniforms`), so a seeded request is reproducible whatever else shares its batch
+(given identical logits), and a whole batch's uniforms cost one vectorised op instead of one generator call per row.
 """
 from __future__ import annotations
 
@@ -145,42 +146,86 @@ def filtered_probs(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     return torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
 
 
-def draw(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row of unnormalised ``weights`` [B, V] by inverse-CDF sampling: each row's uniform
-    comes from its own generator (so a seeded request draws the same token whatever shares its batch),
-    and the search over the cumulative weights runs for the whole batch at once. Zero-weight tokens are
-    never drawn."""
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32) on int64 tensors holding values below 2**32. Products may pass
+    2**63 and wrap; only their low 32 bits are kept, which wrapping preserves."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def request_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """[B] seeds (int64, any value) and [B] token indices -> [B] float64 uniforms in [0, 1) with 53 random bits.
+
+    Counter-based: the uniform for token `step` of a request depends on nothing else, so batching, joining,
+    leaving and reordering never change a seeded request's draws."""
+    lo, hi = seeds & _M32, (seeds >> 32) & _M32
+    # the constants keep an all-zero input (seed 0, token 0) away from the hash's fixed point at zero
+    a = _mix32(lo ^ _mix32(hi ^ _mix32((steps & _M32) ^ 0x9E3779B9) ^ 0x85EBCA6B) ^ 0xC2B2AE35)
+    b = _mix32(a ^ _mix32(((steps >> 32) & _M32) ^ 0x68E31DA4) ^ 0x27D4EB2F)
+    return ((a >> 5) * 67108864 + (b >> 6)).double() / 9007199254740992.0
+
+
+def seed_tensor(seeds: list[int], device) -> torch.Tensor:
+    """Python seeds in [-2**63, 2**64) -> int64 tensor (the same 64 bits)."""
+    return torch.tensor([s - (1 << 64) if s >= (1 << 63) else s for s in seeds], dtype=torch.int64, device=device)
+
+
+def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of unnormalised ``weights`` [B, V] by inverse-CDF sampling with the row's uniform
+    (``request_uniforms``); the search over the cumulative weights runs for the whole batch at once.
+    Zero-weight tokens are never drawn."""
     # fp64: in fp32, tokens below half an ulp of the running sum (~1e-8 near the end of a 152k
     # vocabulary) would never be drawn and their neighbours drawn at the wrong rate
     cdf = weights.double().cumsum(dim=-1)
-    u = torch.cat([torch.rand(1, generator=g, device=g.device, dtype=torch.float64) for g in generators])
-    target = (u.to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    target = (uniforms.to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
     # rounding can land the last index on a zero-weight tail token: take the row's top token instead
     bad = weights.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
     return torch.where(bad, weights.argmax(dim=-1), idx)
 
 
-def sample(logits: torch.Tensor, params: list[RequestSampling], generators: list[torch.Generator]
+def unfiltered(p: RequestSampling) -> bool:
+    """No top-k / top-p / min-p: the request draws from the whole temperature-scaled distribution (or is greedy)."""
+    return p.greedy or not (p.top_k >= 1 or p.top_p < 1.0 or p.min_p > 0.0)
+
+
+def sample_unfiltered(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` for rows without filters, from tensors only (no host data, no sync): what a CUDA graph captures.
+    Greedy rows (temperature below SAMPLING_EPS) take the argmax; the others draw with their uniform."""
+    logprobs = rollout_logprobs(logits, temperatures)
+    drawn = draw(logprobs.exp(), uniforms)
+    tokens = torch.where(temperatures < SAMPLING_EPS, logprobs.argmax(dim=-1), drawn)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def sample(logits: torch.Tensor, params: list[RequestSampling], uniforms: torch.Tensor
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step for a batch: returns (tokens [B], logprobs of those tokens [B])."""
+    """One decoding step for a batch, each row drawing with its uniform (``request_uniforms``; greedy rows
+    ignore theirs): returns (tokens [B], logprobs of those tokens [B])."""
     device = logits.device
     temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
+    uniforms = uniforms.to(device)
+    if all(unfiltered(p) for p in params):
+        return sample_unfiltered(logits, temps, uniforms)
     logprobs = rollout_logprobs(logits, temps)
     tokens = logprobs.argmax(dim=-1)                      # what greedy rows keep
     stochastic = [i for i, p in enumerate(params) if not p.greedy]
     if stochastic:
         s = torch.tensor(stochastic, device=device)
         sub = [params[i] for i in stochastic]
-        if any(p.top_k >= 1 or p.top_p < 1.0 or p.min_p > 0.0 for p in sub):
-            weights = filtered_probs(
-                logprobs[s],
-                torch.tensor([p.top_k for p in sub], device=device),
-                torch.tensor([p.top_p for p in sub], device=device),
-                torch.tensor([p.min_p for p in sub], device=device),
-            )
-        else:                                              # nothing to filter: skip the vocabulary sort
-            weights = logprobs[s].exp()
-        tokens[s] = draw(weights, [generators[i] for i in stochastic])
+        weights = filtered_probs(
+            logprobs[s],
+            torch.tensor([p.top_k for p in sub], device=device),
+            torch.tensor([p.top_p for p in sub], device=device),
+            torch.tensor([p.min_p for p in sub], device=device),
+        )
+        tokens[s] = draw(weights, uniforms[s])
     picked = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, picked

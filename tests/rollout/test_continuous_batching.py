@@ -37,10 +37,11 @@ def _submit(engine, prompt, n, seed, done):
     return req, ev
 
 
+@pytest.mark.parametrize("decode", ["slots", "dynamic"])
 @pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
-def test_late_requests_join_the_running_batch_with_exact_logprobs(cfg):
+def test_late_requests_join_the_running_batch_with_exact_logprobs(cfg, decode):
     model = _model(cfg)
-    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=8, gather_ms=0))
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=8, gather_ms=0, decode=decode))
     engine.start()
     done: dict = {}
     try:
@@ -62,8 +63,9 @@ def test_late_requests_join_the_running_batch_with_exact_logprobs(cfg):
         lps = [lp for lp, _t, _ in out["meta_info"]["output_token_logprobs"]]
         assert len(out["output_ids"]) == n
         ref = reference_logprobs(model, prompt, out["output_ids"], 1.0)
-        # the hybrid's decode runs GDN's recurrence, the reference its chunked form (see test_rollout_hybrid)
-        assert max(abs(a - b) for a, b in zip(ref, lps)) < (3e-4 if cfg is HYBRID else 1e-5), prompt
+        # the hybrid's decode runs GDN's recurrence, the reference its chunked form (see test_rollout_hybrid):
+        # 3.6e-4 over this 150-token request, on both decode paths alike; a layout or padding bug is O(1)
+        assert max(abs(a - b) for a, b in zip(ref, lps)) < (6e-4 if cfg is HYBRID else 1e-5), prompt
 
 
 def test_without_continuous_batching_a_late_request_waits_for_the_wave():

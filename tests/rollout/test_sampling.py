@@ -1,11 +1,13 @@
 """The embedded engine's sampler: right distribution, filters respected, per-request reproducibility."""
 import torch
 
-from megatron_rl.rollout.sampling import RequestSampling, draw, sample
+from megatron_rl.rollout.sampling import RequestSampling, draw, request_uniforms, sample, seed_tensor
 
 
-def _gens(seeds):
-    return [torch.Generator().manual_seed(s) for s in seeds]
+def _gens(seeds, step=0):
+    """Each row's uniform for its token number `step`, as the engine draws them."""
+    seeds = list(seeds)
+    return request_uniforms(seed_tensor(seeds, "cpu"), torch.full((len(seeds),), step))
 
 
 def test_draw_follows_the_weights_and_never_picks_zero_weight_tokens():
@@ -34,9 +36,28 @@ def test_filters_and_greedy_rows():
               RequestSampling.from_sglang({"temperature": 1.0}),
               RequestSampling.from_sglang({"temperature": 0.7, "top_p": 0.5})]
     for seed in range(50):
-        tokens, lps = sample(logits, params, _gens([seed] * 4))
+        tokens, lps = sample(logits, params, _gens([seed] * 4, step=seed))
         assert tokens[0] == logits[0].argmax()
         assert int(tokens[1]) in top2
         # reported logprobs are the temperature-scaled ones before filtering (SGLang's semantics)
         assert torch.allclose(lps[1], torch.log_softmax(logits[1], -1)[tokens[1]])
         assert torch.allclose(lps[3], torch.log_softmax(logits[3] / 0.7, -1)[tokens[3]])
+
+
+def test_request_uniforms_are_uniform_independent_and_depend_only_on_seed_and_step():
+    n = 200_000
+    seeds = seed_tensor([3] * n, "cpu")
+    u = request_uniforms(seeds, torch.arange(n))
+    assert u.dtype == torch.float64 and 0 <= float(u.min()) and float(u.max()) < 1
+    # each decile holds a tenth (binomial sd ~0.0007 at this n) and neighbouring steps are uncorrelated
+    deciles = torch.bincount((u * 10).long(), minlength=10).double() / n
+    assert torch.allclose(deciles, torch.full((10,), 0.1, dtype=torch.float64), atol=0.004), deciles
+    assert abs(float(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1])) < 0.01
+    # across seeds at one step, too (seed 0 included: no fixed point at zero); the whole seed range is valid,
+    # and a seed means its 64 bits (-1 and 2**64 - 1 are one seed, as for torch.Generator.manual_seed)
+    many = request_uniforms(seed_tensor(list(range(n)), "cpu"), torch.zeros(n, dtype=torch.long))
+    assert abs(float(many.mean()) - 0.5) < 0.003 and float(many[0]) > 1e-3
+    edge = request_uniforms(seed_tensor([-(2**63), -1, 0, 1, 2**63 - 1, 2**64 - 1], "cpu"), torch.zeros(6, dtype=torch.long))
+    assert len(set(edge.tolist())) == 5 and edge[1] == edge[5]
+    # a row's value does not depend on what else is computed with it
+    assert request_uniforms(seeds[:1], torch.tensor([17]))[0] == u[17]

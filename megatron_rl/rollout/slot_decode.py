@@ -1,0 +1,485 @@
+"""Decode over preallocated per-request cache slots, one CUDA graph per batch size (the embedded engine's fast path).
+
+Why: HF's dynamic cache grows by concatenation, masks are rebuilt and every one of a decode step's ~10 kernels per
+layer is launched from Python, so an 8B decode step cost ~100 ms on an H200 whose weights read in ~3.4 ms. Here:
+
+* every request owns one *slot* of preallocated buffers: attention K/V ``[slots, kv_heads, max_len, head_dim]``
+  and, for Gated DeltaNet layers, the fixed conv and recurrent state. The running requests always sit in slots
+  ``0..n-1`` (a finished request's slot is refilled by moving the last one into it), so a decode step over ``n``
+  requests reads the leading ``n`` rows of every buffer: static addresses, static shapes;
+* a decode step is transformers' own model forward (any architecture whose layers are full attention or linear
+  attention) with :class:`SlotCache` as its cache: K/V are written at each row's own position, the mask admits
+  each row's own length, the GDN layers read and update their slot state in place;
+* on CUDA, the step for each batch bucket (1, 2, 4, 8, 16, 24, ... padded rows are harmless) is captured once in a
+  CUDA graph and replayed: the forward, then sampling for requests without top-k/top-p/min-p filters (each slot's
+  temperature, seed and token index live in device buffers; `sampling.sample_unfiltered`), then the next step's
+  inputs. A batch holding a filtered request samples again outside the graph from the same logits;
+* prefill still runs transformers' forward with a ``DynamicCache`` (left-padded, batched, in chunks of at most
+  ``max_prefill_tokens``); its K/V and states are then copied into the new requests' slots.
+
+Attention during decode goes through :func:`grouped_decode_sdpa`, registered with transformers' attention interface:
+a one-token query folds its GQA groups into the query length, so K/V are read as stored, never repeated.
+
+Library vs ours: the model forward, its GDN kernels (fla when installed) and SDPA are the libraries'; the slot
+buffers, the graph capture and the bookkeeping here are ours (transformers' own continuous-batching manager has
+no linear-attention state, per-request seeds or SGLang's logprob semantics).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin, \
+    LinearAttentionLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .sampling import request_uniforms, sample_unfiltered
+
+log = logging.getLogger(__name__)
+
+#: the attention implementation name the engine gives models it serves (decode-friendly SDPA)
+ATTN_IMPL = "megatron_rl_sdpa"
+#: layer types a SlotCache can hold
+SLOT_LAYER_TYPES = frozenset({"full_attention", "linear_attention"})
+#: K/V length granularity: a buffer grows in steps of this many tokens
+LENGTH_QUANTUM = 256
+
+
+def grouped_decode_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                        is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except for a one-token query under a mask with grouped KV heads: there the
+    ``groups`` query heads sharing a KV head become ``groups`` query positions of that head, which is the same
+    arithmetic without materialising repeated K/V (HF repeats them whenever a mask is given: at 64 requests x 1k
+    tokens that is a GB per layer per step)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (query.shape[2] != 1 or groups == 1 or attention_mask is None or kwargs.get("position_bias") is not None
+            or attention_mask.shape[2] != 1 or attention_mask.shape[1] != 1):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    q = query.reshape(b, key.shape[1], groups, d)          # head kv * groups + g, as repeat_kv orders them
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling)
+    return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPL, grouped_decode_sdpa)
+AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
+
+
+def use_decode_attention(model: torch.nn.Module) -> None:
+    """Serve `model` with :func:`grouped_decode_sdpa` where it would use plain SDPA (eager and flash choices stay)."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(ATTN_IMPL)
+
+
+def supports_slots(model: torch.nn.Module) -> str | None:
+    """None when slot decoding can serve `model`, else the reason it cannot."""
+    cfg = model.config
+    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if not types <= SLOT_LAYER_TYPES:
+        return f"layer types {sorted(types - SLOT_LAYER_TYPES)} are not full or linear attention"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    return None
+
+
+class _SlotAttention(CacheLayerMixin):
+    """One attention layer's K/V slots. `bind` selects the rows and positions of the next step."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+        self.n = 0
+        self.rows: torch.Tensor | None = None
+        self.pos: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # buffers exist from the start
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if key_states.shape[2] != 1:   # (no check against self.n: torch.compile would specialise on its value)
+            raise RuntimeError(f"the slot cache decodes one token per row, got K of shape {tuple(key_states.shape)}")
+        self.keys[self.rows, :, self.pos] = key_states[:, :, 0]
+        self.values[self.rows, :, self.pos] = value_states[:, :, 0]
+        n = key_states.shape[0]   # not self.n: under torch.compile a shape stays symbolic, an int attribute would not
+        return self.keys[:n], self.values[:n]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class _SlotLinear(LinearAttentionLayer):
+    """One Gated DeltaNet layer's conv and recurrent state slots; the model updates the bound rows in place."""
+
+    def __init__(self, conv: torch.Tensor, recurrent: torch.Tensor):
+        super().__init__(number_of_states=1)
+        self.conv_buf, self.recurrent_buf = conv, recurrent
+        self.conv_kernel_size[0] = conv.shape[-1]
+        self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = True
+        self.has_previous_state[0] = True
+        self.device, self.dtype = conv.device, conv.dtype
+
+    def bind(self, n: int) -> None:
+        self.conv_states[0] = self.conv_buf[:n]
+        self.recurrent_states[0] = self.recurrent_buf[:n]
+
+
+class SlotCache(Cache):
+    """A transformers Cache over slot buffers; one decode step at a time, for the leading `n` slots."""
+
+    def __init__(self, layers: list[CacheLayerMixin | LinearAttentionCacheLayerMixin]):
+        super().__init__(layers=layers)
+
+    def bind(self, n: int, rows: torch.Tensor, pos: torch.Tensor) -> None:
+        for layer in self.layers:
+            if isinstance(layer, _SlotAttention):
+                layer.n, layer.rows, layer.pos = n, rows[:n], pos[:n]
+            else:
+                layer.bind(n)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Decode batch sizes with a graph each: 1, 2, 4, 8, then every 8 to 64, every 32 to 256, every 64 after."""
+    out, b = [], 1
+    while b < 8:
+        out.append(b)
+        b *= 2
+    while b <= max_batch:
+        out.append(b)
+        b += 8 if b < 64 else 32 if b < 256 else 64
+    out = [x for x in out if x < max_batch]
+    return out + [max_batch]
+
+
+@dataclasses.dataclass
+class SlotStats:
+    graphs_captured: int = 0
+    graph_capture_s: float = 0.0
+    graph_failures: int = 0
+    resizes: int = 0
+    slots: int = 0
+    max_len: int = 0
+    cache_bytes: int = 0
+
+
+class SlotDecoder:
+    """The slot buffers of one engine, the requests occupying them, and the decode step (graphed on CUDA).
+
+    The engine's scheduler thread is the only caller. Requests are opaque here except for `tokens`/`prompt`
+    (their cache length); the engine samples and decides when a request leaves."""
+
+    def __init__(self, model: torch.nn.Module, *, max_batch: int, context_length: int, cuda_graphs: bool,
+                 memory_fraction: float, compile_decode: bool = False, cpu_budget_bytes: int = 2 << 30):
+        self.model = model
+        self.max_batch = max_batch
+        self.context_length = context_length
+        self.device = next(model.parameters()).device
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.memory_fraction = memory_fraction
+        self.cpu_budget_bytes = cpu_budget_bytes
+        self.layer_types = list(getattr(model.config, "layer_types", None) or
+                                ["full_attention"] * model.config.num_hidden_layers)
+        self.active: list[Any] = []          # active[i] occupies slot i
+        self.stats = SlotStats()
+        self._cache: SlotCache | None = None
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._eager_only: set[int] = set()
+        self._pool = None
+        self._buckets = batch_buckets(max_batch)
+        self._layout: tuple[int, int, list] | None = None   # (bytes per token, state bytes per slot, layer specs)
+        # torch.compile fuses the step's ~50 small elementwise kernels per layer (norms, RoPE, SiLU) that otherwise
+        # take as long as the weights' GEMMs at small batches; dynamic shapes: one compile serves every bucket > 1
+        self._model_call = torch.compile(_call_model, dynamic=True) if compile_decode else _call_model
+
+    # ------------------------------------------------------------------ buffers
+
+    @property
+    def allocated(self) -> bool:
+        return self._cache is not None
+
+    @property
+    def slots(self) -> int:
+        return self.stats.slots
+
+    @property
+    def max_len(self) -> int:
+        return self.stats.max_len
+
+    def need(self, req) -> int:
+        """Cache length `req` may reach: its prompt plus everything it may generate, within the context."""
+        return min(len(req.prompt) + req.sampling.max_new_tokens, self.context_length)
+
+    def room_for(self, req) -> bool:
+        return self.allocated and len(self.active) < self.slots and self.need(req) <= self.max_len
+
+    def ensure(self, template: Callable[[], Any], need_len: int) -> bool:
+        """Buffers holding `need_len` tokens per slot, shaped like the layers of `template()` (a prefilled
+        DynamicCache; called once). Reallocates, keeping the active rows, when the length grows; False when the
+        memory budget cannot hold as many slots as there are active requests."""
+        if self.allocated and need_len <= self.max_len:
+            return True
+        length = -(-max(need_len, self.max_len) // LENGTH_QUANTUM) * LENGTH_QUANTUM
+        length = min(length, max(self.context_length, need_len))
+        if self._layout is None:
+            self._layout = _layout(template(), self.layer_types)
+        per_token, per_slot_state, specs = self._layout
+        slot_bytes = length * per_token + per_slot_state
+        budget = self._budget_bytes() + (self.stats.cache_bytes if self.allocated else 0)
+        slots = min(self.max_batch, budget // max(slot_bytes, 1))
+        if slots < max(len(self.active), 1):
+            return False
+        old = self._cache
+        self.drop_graphs()
+        self._cache = None
+        layers = []
+        for li, spec in enumerate(specs):
+            if spec[0] == "attn":
+                _, (h, dk, dv), dtype = spec
+                k = torch.zeros(slots, h, length, dk, dtype=dtype, device=self.device)
+                v = torch.zeros(slots, h, length, dv, dtype=dtype, device=self.device)
+                if old is not None:
+                    ol = old.layers[li]
+                    k[: len(self.active), :, : ol.keys.shape[2]] = ol.keys[: len(self.active)]
+                    v[: len(self.active), :, : ol.values.shape[2]] = ol.values[: len(self.active)]
+                layers.append(_SlotAttention(k, v))
+            else:
+                _, (conv_shape, rec_shape), (conv_dtype, rec_dtype) = spec
+                conv = torch.zeros(slots, *conv_shape, dtype=conv_dtype, device=self.device)
+                rec = torch.zeros(slots, *rec_shape, dtype=rec_dtype, device=self.device)
+                if old is not None:
+                    ol = old.layers[li]
+                    conv[: len(self.active)] = ol.conv_buf[: len(self.active)]
+                    rec[: len(self.active)] = ol.recurrent_buf[: len(self.active)]
+                layers.append(_SlotLinear(conv, rec))
+        del old
+        self._cache = SlotCache(layers)
+        # per-slot step inputs: the token to feed, its position, and the slot's sampling state (all device-side, so
+        # a graph replay needs nothing from the host); `live` is 1 for occupied slots (padding rows never advance)
+        fresh = {"ids": torch.long, "pos": torch.long, "live": torch.long, "seed": torch.long, "step_idx": torch.long,
+                 "temperature": torch.float32}
+        n = len(self.active)
+        for name, dtype in fresh.items():
+            buf = torch.zeros(slots, dtype=dtype, device=self.device)
+            old = getattr(self, name, None)
+            if old is not None and n:
+                buf[:n] = old[:n]
+            setattr(self, name, buf)
+        self.rows = torch.arange(slots, device=self.device)
+        self.columns = torch.arange(length, device=self.device)
+        self.stats.resizes += int(self.stats.slots > 0)
+        self.stats.slots, self.stats.max_len, self.stats.cache_bytes = slots, length, slots * slot_bytes
+        log.info("slot cache: %d slots x %d tokens, %.2f GB", slots, length, slots * slot_bytes / 1e9)
+        return True
+
+    def _budget_bytes(self) -> int:
+        if self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            return int(free * self.memory_fraction)
+        return self.cpu_budget_bytes
+
+    def free(self) -> None:
+        """Release the buffers and graphs (memory release, tag kv_cache); the next wave reallocates. Requests that
+        finished but were not yet dropped by the scheduler leave now (the caller holds the engine's model lock,
+        as the scheduler does around its own drops)."""
+        self.drop_finished(lambda r: r.finish is not None)
+        if self.active:
+            raise RuntimeError("cannot free the slot cache while requests occupy it")
+        self.drop_graphs()
+        self._cache = None
+        self.stats.slots = self.stats.max_len = self.stats.cache_bytes = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def drop_graphs(self) -> None:
+        """Forget the captured graphs (their addresses die with the buffers or the weights they read)."""
+        self._graphs.clear()
+        self._eager_only.clear()
+        self._pool = None
+
+    # ------------------------------------------------------------------ requests
+
+    def add(self, req, prefill_cache, row: int, pad: int, first_token: torch.Tensor, seed_bits: torch.Tensor) -> None:
+        """Move row `row` of a prefilled DynamicCache (left-padded by `pad`) into the next free slot; the request
+        has sampled its first token (index 0) and draws token 1 next."""
+        slot = len(self.active)
+        length = len(req.prompt)
+        for li, (src, dst) in enumerate(zip(prefill_cache.layers, self._cache.layers)):
+            if isinstance(dst, _SlotAttention):
+                dst.keys[slot, :, :length] = src.keys[row, :, pad:]
+                dst.values[slot, :, :length] = src.values[row, :, pad:]
+            else:
+                dst.conv_buf[slot] = src.conv_states[0][row]
+                dst.recurrent_buf[slot] = src.recurrent_states[0][row]
+        self.ids[slot] = first_token
+        self.pos[slot] = length
+        self.live[slot] = 1
+        self.seed[slot] = seed_bits
+        self.step_idx[slot] = len(req.tokens)
+        self.temperature[slot] = req.sampling.temperature
+        self.active.append(req)
+
+    def drop_finished(self, finished: Callable[[Any], bool]) -> None:
+        """Remove finished requests, moving the last active slot into each hole (cache rows included)."""
+        i = 0
+        while i < len(self.active):
+            if not finished(self.active[i]):
+                i += 1
+                continue
+            last = len(self.active) - 1
+            if i != last:
+                self._move(last, i, self.cache_len(self.active[last]))
+                self.active[i] = self.active[last]
+            for buf in (self.ids, self.pos, self.live, self.seed, self.step_idx, self.temperature):
+                buf[last] = 0
+            self.active.pop()
+
+    @staticmethod
+    def cache_len(req) -> int:
+        """Tokens of `req` held in its slot: the prompt and every sampled token but the last (fed next step)."""
+        return len(req.prompt) + len(req.tokens) - 1
+
+    def _move(self, src: int, dst: int, length: int) -> None:
+        for layer in self._cache.layers:
+            if isinstance(layer, _SlotAttention):
+                layer.keys[dst, :, :length] = layer.keys[src, :, :length]
+                layer.values[dst, :, :length] = layer.values[src, :, :length]
+            else:
+                layer.conv_buf[dst] = layer.conv_buf[src]
+                layer.recurrent_buf[dst] = layer.recurrent_buf[src]
+        for buf in (self.ids, self.pos, self.live, self.seed, self.step_idx, self.temperature):
+            buf[dst] = buf[src]
+
+    # ------------------------------------------------------------------ the step
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self._buckets if b >= n) if self.cuda_graphs else n
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step over the active slots: (logits, tokens, logprobs) of the ``n`` active rows, the tokens
+        drawn without filters (`sample_unfiltered`) and already fed to the next step. A caller that samples
+        differently (filters) writes its own tokens into ``ids[:n]``."""
+        n = len(self.active)
+        b = min(self.bucket(n), self.slots)
+        outputs = None
+        if self.cuda_graphs and b not in self._eager_only:
+            entry = self._graphs.get(b) or self._capture(b)
+            if entry is not None:
+                graph, outputs = entry
+                graph.replay()
+        if outputs is None:
+            outputs = self._decode(b)
+        return tuple(t[:n] for t in outputs)
+
+    def _decode(self, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Forward `b` rows, sample them, and set up the next step; everything on the device (graph-capturable)."""
+        logits = self._forward(b)
+        uniforms = request_uniforms(self.seed[:b], self.step_idx[:b])
+        tokens, logprobs = sample_unfiltered(logits.float(), self.temperature[:b], uniforms)
+        live = self.live[:b]
+        self.ids[:b] = tokens
+        self.pos[:b] += live
+        self.step_idx[:b] += live
+        return logits, tokens, logprobs
+
+    def _forward(self, n: int) -> torch.Tensor:
+        length = self.max_len
+        pos = self.pos[:n]
+        mask = (self.columns.view(1, length) <= pos.view(n, 1)).view(n, 1, 1, length)
+        masks = {t: (mask if t == "full_attention" else None) for t in set(self.layer_types)}
+        self._cache.bind(n, self.rows, self.pos)
+        return self._model_call(self.model, self.ids[:n].view(n, 1), pos.view(n, 1), masks, self._cache)
+
+    def _capture(self, b: int):
+        """Capture the step for `b` rows. The warm-up runs really execute: K/V they write at each row's position
+        are rewritten identically by the real step, but GDN states and the step inputs would advance, so they are
+        saved and restored."""
+        import time
+
+        t0 = time.perf_counter()
+        n = len(self.active)
+        saved = [(layer.conv_buf[:n].clone(), layer.recurrent_buf[:n].clone())
+                 for layer in self._cache.layers if isinstance(layer, _SlotLinear)]
+        inputs = [(buf, buf.clone()) for buf in (self.ids, self.pos, self.step_idx)]
+        try:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._decode(b)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self._decode(b)
+            entry = (graph, outputs)
+            self._graphs[b] = entry
+            self.stats.graphs_captured += 1
+        except Exception:
+            log.exception("CUDA graph capture for batch %d failed; that batch size decodes eagerly", b)
+            self._eager_only.add(b)
+            self.stats.graph_failures += 1
+            entry = None
+        finally:
+            linear = [layer for layer in self._cache.layers if isinstance(layer, _SlotLinear)]
+            for layer, (conv, rec) in zip(linear, saved):
+                layer.conv_buf[:n] = conv
+                layer.recurrent_buf[:n] = rec
+            for buf, before in inputs:
+                buf.copy_(before)
+            torch.cuda.synchronize(self.device)
+        self.stats.graph_capture_s += time.perf_counter() - t0
+        return entry
+
+    def info(self) -> dict:
+        return {"slots": self.slots, "max_len": self.max_len, "cache_gb": round(self.stats.cache_bytes / 1e9, 3),
+                "cuda_graphs": self.cuda_graphs, "compiled": self._model_call is not _call_model, "graphs_captured": self.stats.graphs_captured,
+                "graph_capture_s": round(self.stats.graph_capture_s, 2), "graph_failures": self.stats.graph_failures,
+                "resizes": self.stats.resizes}
+
+
+def _call_model(model, ids: torch.Tensor, pos: torch.Tensor, masks: dict, cache: SlotCache) -> torch.Tensor:
+    """The decode forward: one token per row, per-row positions, a prebuilt mask per layer type; last logits."""
+    out = model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    return out.logits[:, -1, :]
+
+
+def _layout(cache, layer_types: list[str]) -> tuple[int, int, list]:
+    """Per-layer buffer shapes of a prefilled DynamicCache: K/V bytes per token and GDN state bytes per slot."""
+    per_token, per_slot, specs = 0, 0, []
+    for li, layer in enumerate(cache.layers):
+        if layer_types[li] == "linear_attention":
+            conv, rec = layer.conv_states[0], layer.recurrent_states[0]
+            specs.append(("linear", (tuple(conv.shape[1:]), tuple(rec.shape[1:])), (conv.dtype, rec.dtype)))
+            per_slot += conv[0].numel() * conv.element_size() + rec[0].numel() * rec.element_size()
+        else:
+            k, v = layer.keys, layer.values
+            specs.append(("attn", (k.shape[1], k.shape[3], v.shape[3]), k.dtype))
+            per_token += k.shape[1] * (k.shape[3] + v.shape[3]) * k.element_size()
+    return per_token, per_slot, specs
+
+
+def slot_compatible(cache) -> bool:
+    """Whether a prefilled DynamicCache has only layers `SlotDecoder.add` can copy."""
+    return all((isinstance(layer, DynamicLayer) and not getattr(layer, "is_sliding", False))
+               or isinstance(layer, LinearAttentionLayer) for layer in cache.layers)

@@ -1,0 +1,190 @@
+"""The embedded engine's slot decoder (slot_decode.py): the same tokens and logprobs as the DynamicCache path and
+as a full forward, through joins, leaves, slot moves, a length growth mid-run, a memory budget smaller than the
+batch, and memory release; its decode attention equals transformers' SDPA."""
+import threading
+
+import pytest
+import torch
+
+from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
+from megatron_rl.rollout.sampling import RequestSampling
+from megatron_rl.rollout.slot_decode import batch_buckets, grouped_decode_sdpa, supports_slots
+from rollout_helpers import TINY, reference_logprobs
+from test_rollout_hybrid import HYBRID
+
+
+def _model(cfg, **over):
+    from megatron_rl.rollout.embedded_server import load_model
+
+    model, _ = load_model(None, hf_config=dict(cfg, **over), device=torch.device("cpu"), dtype=torch.float32,
+                          init_seed=0)
+    return model
+
+
+def _sampling(n, seed, temperature=1.0, **kw):
+    return RequestSampling(temperature=temperature, top_p=kw.get("top_p", 1.0), top_k=-1, min_p=0.0, max_new_tokens=n,
+                           stop_token_ids=frozenset(), stop_strings=(), ignore_eos=True, seed=seed)
+
+
+def _generate(engine, jobs, stagger_s=0.0, shutdown=True, top_p=None):
+    """Submit (prompt, max_new, seed) jobs (optionally one by one while others run); outputs in job order.
+    `top_p`: {job index: top_p} for requests that sample with a filter."""
+    outs, events = {}, []
+    engine.start()
+    try:
+        for i, (prompt, n, seed) in enumerate(jobs):
+            ev = threading.Event()
+
+            def done(o, i=i, ev=ev):
+                outs[i] = o
+                ev.set()
+            sampling = _sampling(n, seed, top_p=(top_p or {}).get(i, 1.0))
+            engine.submit(engine.new_request(prompt, sampling, return_logprob=True, on_done=done))
+            events.append(ev)
+            if stagger_s:
+                ev.wait(stagger_s)
+        for ev in events:
+            assert ev.wait(120)
+    finally:
+        if shutdown:
+            engine.shutdown()
+    return [outs[i] for i in range(len(jobs))]
+
+
+JOBS = [([5, 17, 3, 9, 11], 40, 1), ([200, 1, 2], 7, 2), ([42], 25, 3), (list(range(1, 30)), 12, 4),
+        ([7, 7, 7], 1, 5), ([9, 8], 33, 6), ([100, 101, 102, 103], 18, 7)]
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_slots_match_dynamic_and_a_full_forward_through_joins_leaves_and_moves(cfg):
+    """max_batch 3 with 7 requests of different lengths: requests queue, join as slots free up, and the last slot
+    moves into every hole; every token and logprob equals the DynamicCache path's."""
+    model = _model(cfg)
+    kw = dict(max_batch_size=3, gather_ms=0)
+    slots_engine = EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", **kw))
+    slots = _generate(slots_engine, JOBS, stagger_s=0.01)
+    dynamic = _generate(EmbeddedEngine(model, EmbeddedEngineConfig(decode="dynamic", **kw)), JOBS, stagger_s=0.01)
+    assert slots_engine.decode_info()["decode"] == "slots"
+    tol = 6e-4 if cfg is HYBRID else 1e-5
+    for (prompt, n, _), a, b in zip(JOBS, slots, dynamic):
+        assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == n
+        lp_a = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
+        lp_b = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4
+        ref = reference_logprobs(model, prompt, a["output_ids"])
+        assert max(abs(x - y) for x, y in zip(ref, lp_a)) < tol, prompt
+
+
+def test_filtered_and_unfiltered_requests_decode_together():
+    """A top-p request in the batch: the step's in-graph unfiltered draw is replaced by the filtered one for the
+    whole batch; every request still draws what the dynamic path draws, and top-p tokens stay inside the nucleus."""
+    model = _model(TINY)
+    kw = dict(max_batch_size=4, gather_ms=0)
+    top_p = {1: 0.5, 3: 0.8}
+    a = _generate(EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", **kw)), JOBS, 0.01, top_p=top_p)
+    b = _generate(EmbeddedEngine(model, EmbeddedEngineConfig(decode="dynamic", **kw)), JOBS, 0.01, top_p=top_p)
+    for (prompt, n, _), x, y in zip(JOBS, a, b):
+        assert x["output_ids"] == y["output_ids"] and len(x["output_ids"]) == n
+    prompt, _, _ = JOBS[1]
+    with torch.no_grad():
+        for i, tok in enumerate(a[1]["output_ids"]):
+            probs = model(torch.tensor([prompt + a[1]["output_ids"][:i]])).logits[0, -1].softmax(-1)
+            sorted_p, idx = probs.sort(descending=True)
+            nucleus = idx[: int((sorted_p.cumsum(0) - sorted_p < 0.5).sum())].tolist()
+            assert tok in nucleus
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_a_longer_request_grows_the_slots_while_others_decode(cfg):
+    model = _model(cfg)
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=4, gather_ms=0, decode="slots"))
+    short = ([3, 1, 4], 120, 11)                       # needs 123 tokens: slots of 256
+    long = (list(range(10, 200)), 150, 12)             # needs 340 tokens: grows to 512 while `short` runs
+    outs = _generate(engine, [short, long], stagger_s=0.05)
+    info = engine.decode_info()
+    assert info["resizes"] >= 1 and info["max_len"] >= 340
+    for (prompt, n, _), out in zip([short, long], outs):
+        assert len(out["output_ids"]) == n
+        lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+        ref = reference_logprobs(model, prompt, out["output_ids"])
+        assert max(abs(x - y) for x, y in zip(ref, lps)) < (6e-4 if cfg is HYBRID else 3e-5)  # fp32, 340 tokens
+
+
+def test_a_memory_budget_smaller_than_the_batch_queues_requests_and_refuses_what_never_fits():
+    model = _model(TINY)
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=8, gather_ms=0, decode="slots"))
+    # TINY holds 2 layers x 2 KV heads x (16 + 16) x 4 bytes = 512 bytes per token; 256-token slots = 128 KiB each
+    engine._slots.cpu_budget_bytes = 3 * 256 * 512
+    jobs = [([i + 1, 2, 3], 30, i) for i in range(6)]
+    outs = _generate(engine, jobs)
+    assert engine.decode_info()["slots"] == 3
+    for (prompt, n, _), out in zip(jobs, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == n
+        lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y) for x, y in zip(reference_logprobs(model, prompt, out["output_ids"]), lps)) < 1e-5
+    # a request longer than the whole budget is refused with a reason, and the engine keeps serving
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=8, gather_ms=0, decode="slots"))
+    engine._slots.cpu_budget_bytes = 300 * 512
+    too_long, fine = _generate(engine, [([1, 2, 3], 400, 0), ([4, 5], 20, 1)], stagger_s=0.5)
+    assert too_long["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "KV cache memory budget" in too_long["meta_info"]["finish_reason"]["message"]
+    assert len(fine["output_ids"]) == 20
+
+
+def test_releasing_the_kv_cache_frees_the_slots_and_the_next_request_reallocates():
+    model = _model(HYBRID)
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=4, gather_ms=0, decode="slots"))
+    first = _generate(engine, [([5, 6, 7], 10, 1)], shutdown=False)
+    assert engine.decode_info()["slots"] > 0
+    engine.release_memory(["kv_cache"])
+    assert engine.decode_info()["slots"] == 0 and not engine._slots.allocated
+    engine.resume_memory(["kv_cache"])
+    again = _generate(engine, [([5, 6, 7], 10, 1)])
+    assert again[0]["output_ids"] == first[0]["output_ids"]   # same seed, same tokens after reallocation
+
+
+def test_decode_choice_is_validated():
+    model = _model(TINY)
+    with pytest.raises(ValueError, match="decode must be one of"):
+        EmbeddedEngine(model, EmbeddedEngineConfig(decode="paged"))
+    with pytest.raises(ValueError, match="kv_cache_fraction"):
+        EmbeddedEngine(model, EmbeddedEngineConfig(kv_cache_fraction=0.0))
+    with pytest.raises(ValueError, match="Gated DeltaNet"):
+        EmbeddedEngine(_model(HYBRID), EmbeddedEngineConfig(compile_decode=True))
+    sliding = _model(TINY, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert supports_slots(sliding) is not None
+    with pytest.raises(ValueError, match="cannot serve this model"):
+        EmbeddedEngine(sliding, EmbeddedEngineConfig(decode="slots"))
+    assert EmbeddedEngine(sliding, EmbeddedEngineConfig()).decode_info() == {"decode": "dynamic"}
+
+
+def test_grouped_decode_attention_equals_sdpa_with_repeated_kv():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups = 4
+        is_causal = True
+
+    b, hkv, length, d = 3, 2, 37, 16
+    q = torch.randn(b, hkv * 4, 1, d)
+    k, v = torch.randn(b, hkv, length, d), torch.randn(b, hkv, length, d)
+    lengths = torch.tensor([5, 37, 20])
+    mask = (torch.arange(length).view(1, -1) < lengths.view(-1, 1)).view(b, 1, 1, length)
+    ours, _ = grouped_decode_sdpa(Attn(), q, k, v, mask, scaling=0.25)
+    ref, _ = sdpa_attention_forward(Attn(), q, k, v, mask, scaling=0.25)
+    assert ours.shape == ref.shape == (b, 1, hkv * 4, d)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    # a longer query goes to transformers' own path unchanged
+    q3 = torch.randn(b, hkv * 4, 3, d)
+    mask3 = torch.ones(b, 1, 3, length, dtype=torch.bool)
+    torch.testing.assert_close(grouped_decode_sdpa(Attn(), q3, k, v, mask3)[0], sdpa_attention_forward(Attn(), q3, k, v, mask3)[0])
+
+
+def test_batch_buckets_cover_every_batch_size():
+    for max_batch in (1, 3, 8, 33, 64, 100, 256, 300):
+        buckets = batch_buckets(max_batch)
+        assert buckets == sorted(set(buckets)) and buckets[-1] == max_batch
+        assert all(any(b >= n for b in buckets) for n in range(1, max_batch + 1))
+    assert batch_buckets(256)[:6] == [1, 2, 4, 8, 16, 24]
