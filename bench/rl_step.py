@@ -88,7 +88,7 @@ def main() -> int:
     result = {
         "bench": "rl_step", "arch": args.arch, "device": torch.cuda.get_device_name() if gpu else "cpu",
         "layers": args.layers if gpu else None,
-        "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new,
+        "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new if gpu else 16,
         "phase_seconds_median": med, "step_seconds": step_s, "dominant_phase": max(med, key=med.get),
         "tokens_per_s_per_gpu": toks, "nemo_rl_llama8b_tokens_per_s_per_gpu": NEMO_RL_TOKS_PER_GPU,
         "ratio_vs_nemo_rl": toks / NEMO_RL_TOKS_PER_GPU,

@@ -621,6 +621,24 @@ class DeviceSession:
         self.handed.append(fd)
         return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
 
+    def _commit(self, outputs: list, k: int) -> dict:
+        """Digests (``correctness.block_digests``, on the outputs' device) of every tensor of more than ``k``
+        entries of each of ``outputs`` (one per call), handed over in a sealed memfd now, before the parent has
+        drawn the seed that picks the entries to compare: see the commitments note in verifier/correctness.py."""
+        from verifier.correctness import block_digests, committable, flatten_outputs
+        digests = {}
+        for rep, out in enumerate(outputs):
+            leaves, _ = flatten_outputs(out)
+            for i, leaf in enumerate(leaves):
+                if type(leaf) is self.torch.Tensor and leaf.numel() > k and committable(leaf):
+                    digests[f"d{rep}_{i}"] = block_digests(leaf)
+        self.counter += 1
+        fd = os.memfd_create(f"verifier-commit{self.counter}", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+        _write_safetensors(fd, digests)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, OUTPUT_SEALS)
+        self.handed.append(fd)
+        return {"commit_fd": fd}
+
     def close_handed(self) -> None:
         """Drop this process's descriptors of outputs already sent (the parent holds its own by now)."""
         for fd in self.handed:
@@ -765,6 +783,8 @@ class DeviceSession:
         reply["harness_ms"] = ms
         if msg.get("hold"):   # the parent asks for a sample of the output next ("collect"), picked only now
             self.held = (out, restore)
+            if msg.get("commit_k"):
+                reply.update(self._timed(ms, "trial_commit", lambda: self._commit([out], int(msg["commit_k"]))))
         else:
             reply.update(self._timed(ms, "trial_save", lambda: self._save(out)))
             self._restore(restore)
@@ -891,6 +911,17 @@ class DeviceSession:
         return {"op": "called", "span_ms": batch.span_ms, "rep_ms": batch.rep_ms, "flush_ms": batch.flush_ms,
                 "spin_ms": batch.spin_ms, "plain_tensors": plain, "outputs_shared": shared, **self._common()}
 
+    def commit(self, msg):
+        """Commit to the outputs of the candidate's last timed batch (asked right after it, for every batch, before
+        any audit's seed exists; a message of its own so that the call's round trip stays the call's)."""
+        if not self.last_cand:
+            return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
+                                                                 "message": "no timed output to commit to"}}
+        ms = {}
+        reply = self._timed(ms, "commit", lambda: self._commit(self.last_cand, int(msg["commit_k"])))
+        reply.update(op="committed", harness_ms=ms, **self._common())
+        return reply
+
     def audit(self, msg):
         if not self.last_cand:
             return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
@@ -960,7 +991,7 @@ def run_device(job: dict, chan: Channel) -> None:
     chan.send({"op": "loaded", "timer_patched": session.timer.patched(session.backend), **session._common()})
     handlers = {"construct": session.construct, "trial": session.trial, "warmup": session.warmup,
                 "prepare": session.prepare, "call": session.call, "audit": session.audit,
-                "collect": session.collect}
+                "collect": session.collect, "commit": session.commit}
     while True:
         msg = chan.recv()
         op = msg.get("op")

@@ -244,6 +244,68 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
     return (starts[:, None] + torch.arange(block)).reshape(-1)
 
 
+# ---------------------------------------------------------------------------------------------- commitments
+#
+# A sampled handover compares only the entries the parent's seed picks, and the child learns that seed after the
+# call. So that native code cannot then fix up exactly those entries of a held output, the child commits to the
+# whole output first: when the call returns, before any seed exists, it digests every aligned block of
+# COMMIT_BLOCK entries on the output's device and hands the digests over in a sealed memfd; the parent checks each
+# sampled block it receives against its digest. A digest is a keyed sum of the block's entries' bits: matching it
+# with corrected values means knowing those values before the seed, i.e. computing the whole output.
+
+COMMIT_BLOCK = 64
+_COMMIT_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}   # entry bits by entry size
+_COMMIT_KEYS = torch.randint(-(2**62), 2**62, (COMMIT_BLOCK,), generator=torch.Generator().manual_seed(0x5EED),
+                             dtype=torch.int64) | 1   # fixed odd keys: any change of one entry changes its digest
+
+
+def committable(t: torch.Tensor) -> bool:
+    return t.dtype == torch.bool or t.element_size() in _COMMIT_WORDS
+
+
+def _entry_bits(flat: torch.Tensor) -> torch.Tensor:
+    """The entries' raw bits as integers of the same size (a view: no copy)."""
+    if flat.dtype == torch.bool:
+        return flat.view(torch.uint8)
+    return flat.view(_COMMIT_WORDS[flat.element_size()])
+
+
+def block_digests(t: torch.Tensor, chunk: int = 1 << 24) -> torch.Tensor:
+    """int64 digests of each block of COMMIT_BLOCK consecutive entries of ``t`` (flattened; the last block
+    zero-padded), computed on ``t``'s device in chunks of ``chunk`` entries (bounded int64 temporaries)."""
+    bits = _entry_bits(t.detach().contiguous().reshape(-1))
+    keys = _COMMIT_KEYS.to(bits.device)
+    chunk -= chunk % COMMIT_BLOCK
+    parts = []
+    for start in range(0, bits.numel(), chunk):
+        part = bits[start:start + chunk].to(torch.int64)
+        pad = (-part.numel()) % COMMIT_BLOCK
+        if pad:
+            part = torch.cat([part, part.new_zeros(pad)])
+        parts.append((part.view(-1, COMMIT_BLOCK) * keys).sum(dim=1))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=bits.device)
+
+
+def uncommitted_entry(values: torch.Tensor, picks: torch.Tensor, numel: int, digests: torch.Tensor) -> int | None:
+    """The first flat index whose sampled block differs from the digest committed for it, or None. ``values``
+    are the handed-over entries at ``picks`` (``sample_index``: blocks of consecutive entries). Only picks that
+    form whole aligned COMMIT_BLOCKs are checked (not the last block of an output whose size is no multiple of
+    it); every pick is still compared with the reference. A malformed sample is left to that comparison."""
+    if picks.numel() % COMMIT_BLOCK or values.numel() != picks.numel() or picks.numel() == 0:
+        return None
+    if digests.dim() != 1 or digests.numel() != -(-numel // COMMIT_BLOCK):
+        return int(picks[0])   # a commitment of another size commits to nothing
+    rows = picks.view(-1, COMMIT_BLOCK)
+    starts = rows[:, 0]
+    whole = ((rows == starts[:, None] + torch.arange(COMMIT_BLOCK)).all(dim=1) & (starts % COMMIT_BLOCK == 0)
+             & (starts + COMMIT_BLOCK <= numel))
+    if not bool(whole.any()):
+        return None
+    got = block_digests(values.detach().reshape(-1, COMMIT_BLOCK)[whole.to(values.device)].reshape(-1)).cpu()
+    bad = (got != digests.cpu()[starts[whole] // COMMIT_BLOCK]).nonzero()
+    return int(starts[whole][bad[0, 0]]) if bad.numel() else None
+
+
 def squared_error(got: Any, expected: Any) -> tuple[float, int]:
     """(sum of squared differences, number of entries) over the entries where both are finite, in float64
     chunks; (0.0, 0) for anything that is not two floating tensors of one shape."""

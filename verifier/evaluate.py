@@ -45,6 +45,7 @@ from . import feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
 from .correctness import (_unravel, compare_outputs, flatten_outputs, same_structure, sample_index, spec_summary,
+                          uncommitted_entry,
                           squared_error)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
@@ -164,7 +165,7 @@ _TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dic
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
                  "violations": list, "background_cpu_ms": (int, float), "threads_started": int,
-                 "ablation": dict, "shapes": dict}
+                 "ablation": dict, "shapes": dict, "commit_fd": int}
 # a precision probe flags a candidate whose error against the reference reaches this share of the error that
 # rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
 PRECISION_PROBE_RATIO = 0.5
@@ -268,6 +269,9 @@ class _DeviceStage:
     """Parent side of the device stage for one candidate."""
 
     sampled = False   # outputs too large to hand over in full more than once (set by the first reference)
+    _batch_commit: dict | None = None   # the last timed batch's output digests by (call, output), for its audits
+    _batch_calls = 1                    # calls in that batch
+    _ref_out_bytes = 0                  # bytes of one reference output (sizes what a commitment may take)
     alone = False     # the stage has the device to itself from the candidate's import on
 
     def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
@@ -329,6 +333,7 @@ class _DeviceStage:
                 self.work = (speed_of_light.tensor_bytes(args) + out_bytes, flops)
                 # outputs this large are compared in full in the first correctness trial only (see the config)
                 self.sampled = out_bytes > self.cfg.sample_outputs_above_bytes
+                self._ref_out_bytes = out_bytes
             else:
                 out = model(*args)
         self.backend.synchronize_fn()()
@@ -363,10 +368,13 @@ class _DeviceStage:
                 targets.append(r.reshape(-1).index_select(0, idx.to(r.device)))
         return targets, picks
 
-    def _handed_over(self, ref_leaves: list, report: dict[str, Any], sample: tuple[int, int] | None):
+    def _handed_over(self, ref_leaves: list, report: dict[str, Any], sample: tuple[int, int] | None,
+                     commitment: dict[int, Any] | None = None):
         """The child's outputs (sampled or full) and what each is compared with: the sampled reference entries,
         or the full reference leaf when the child reports a full shape other than the reference's (the comparison
-        then names the shape)."""
+        then names the shape). A sample is first checked against the ``commitment`` the child made before the
+        seed existed (digests by output): a sampled block that differs from its digest was changed after the
+        call, i.e. fixed up once the seed told which entries count."""
         import torch
         targets, picks = self._sample_view(ref_leaves, sample)
         leaves = self._load_outputs(report, targets)
@@ -390,7 +398,51 @@ class _DeviceStage:
                 leaves[i] = "<not the requested sample>"
             else:
                 leaves[i] = torch.empty(shape, dtype=leaf.dtype, device="meta")
+        if commitment is not None:
+            self._check_commitment(leaves, ref_leaves, picks, commitment)
         return leaves, targets, picks
+
+    def _check_commitment(self, leaves: list, ref_leaves: list, picks: dict[int, Any], commitment: dict) -> None:
+        import torch
+        for i, idx in picks.items():
+            digests = commitment.get(i)
+            if digests is None:   # a sampled output the child did not commit to: its harness was tampered with
+                raise _Verdict(Category.CHEATING, feedback.cheating(
+                    "sample_fixup", f"{RUNTIME_RULES['sample_fixup']}: output {i} was handed over without the "
+                    "commitment made when the call returned"), rule="sample_fixup", q=1.0)
+            bad = uncommitted_entry(leaves[i], idx, ref_leaves[i].numel(), digests)
+            if bad is not None:
+                where = _unravel(bad, ref_leaves[i].shape) if isinstance(ref_leaves[i], torch.Tensor) else bad
+                raise _Verdict(Category.CHEATING, feedback.cheating(
+                    "sample_fixup", f"{RUNTIME_RULES['sample_fixup']}: output {i} near index {where} differs from "
+                    "what the call returned"), rule="sample_fixup", q=1.0)
+
+    @_costed("handover_read")
+    def _read_commitment(self, report: dict[str, Any], limit: int) -> dict[tuple[int, int], Any]:
+        """The output digests the child committed to (``commit_fd``: a sealed memfd, opened and checked before
+        the parent draws the seed, so nothing can change them afterwards), by (call, output)."""
+        from safetensors import safe_open
+
+        fd = self._open_sealed_output(report.get("commit_fd"))
+        out = {}
+        try:
+            if os.fstat(fd).st_size > limit:
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", "oversized output commitment"))
+            try:
+                with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
+                    for key in f.keys():
+                        rep_s, _, out_s = key[1:].partition("_")
+                        if key.startswith("d") and rep_s.isdigit() and out_s.isdigit():
+                            out[(int(rep_s), int(out_s))] = f.get_tensor(key)
+            except Exception as e:
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable commitment: {e}"))
+        finally:
+            os.close(fd)
+        return out
+
+    def _commit_limit(self, calls: int = 1) -> int:
+        """Bytes a commitment may take: an int64 digest per COMMIT_BLOCK output entries (the reference's)."""
+        return calls * (self._ref_out_bytes // 8 + (1 << 20))
 
     @staticmethod
     def _full_position(c, picks: dict[int, Any], ref_leaves: list) -> None:
@@ -580,7 +632,8 @@ class _DeviceStage:
         err = msg.get("error", {})
         where = {"import": "importing the candidate", "construct": "constructing ModelNew",
                  "trial": "ModelNew.forward", "warmup": "warm-up", "prepare": "creating timing inputs",
-                 "call": "timed call", "audit": "saving a timed output"}.get(phase, str(phase))
+                 "call": "timed call", "audit": "saving a timed output",
+                 "commit": "committing to timed outputs"}.get(phase, str(phase))
         headline = f"{err.get('type')}: {str(err.get('message', '')).strip()[:700]}"
         return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(where, headline, err.get("traceback", "")))
 
@@ -880,7 +933,7 @@ class _DeviceStage:
         the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input."""
         import torch
         seed = secrets.randbits(63)
-        report, sample = self._ask_trial(seed, ablate=True)
+        report, sample, commitment = self._ask_trial(seed, ablate=True)
         self._raise_runtime_violations(report, q=q)
         ref_leaves, ref_spec, _, ref_aliases = self._reference(ref_model, seed)
         ab = report.get("ablation") or {}
@@ -892,7 +945,7 @@ class _DeviceStage:
             info["conclusive"] = False
             return
         info["conclusive"] = True
-        leaves, targets, _ = self._handed_over(ref_leaves, report, sample)
+        leaves, targets, _ = self._handed_over(ref_leaves, report, sample, commitment)
         c = self._compare(leaves, targets)
         info["output_still_correct"] = c.ok
         if c.ok and same_structure(report.get("spec"), ref_spec):
@@ -900,15 +953,19 @@ class _DeviceStage:
                 "decoy_kernel", f"{RUNTIME_RULES['decoy_kernel']} ({calls} native call(s) ran, {poisoned} of their "
                                 "results overwritten, the output unchanged)"), rule="decoy_kernel", q=q)
 
-    def _ask_trial(self, seed: int, ablate: bool = False) -> tuple[dict[str, Any], tuple[int, int] | None]:
-        """Run one trial in the child: its report (with the handover's fields) and the sample it handed over
-        (None: every entry). Where outputs are sampled (``self.sampled``) the child keeps the output after the
-        call and hands over the entries of a seed drawn only once the call has returned ("collect")."""
+    def _ask_trial(self, seed: int, ablate: bool = False
+                   ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:
+        """Run one trial in the child: its report (with the handover's fields), the sample it handed over (None:
+        every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) the child
+        keeps the output after the call, commits to it, and hands over the entries of a seed drawn only once the
+        commitment is sealed ("collect")."""
         hold = self.sampled
-        msg = {"op": "trial", "seed": seed, **({"ablate": True} if ablate else {}), **({"hold": True} if hold else {})}
+        msg = {"op": "trial", "seed": seed, **({"ablate": True} if ablate else {}),
+               **({"hold": True, "commit_k": self.cfg.output_sample_elements} if hold else {})}
         report = _checked(self._ask(msg, "trial_done"), _TRIAL_FIELDS)
         if not hold:
-            return report, None
+            return report, None, None
+        commitment = {i: d for (_, i), d in self._read_commitment(report, self._commit_limit()).items()}
         sample = self._sample_seed()
         got = _checked(self._ask({"op": "collect", "sample_seed": sample[0], "sample_k": sample[1]}, "collected"),
                        _TRIAL_FIELDS)
@@ -917,12 +974,12 @@ class _DeviceStage:
             if key in got:
                 merged[key] = got[key]
         merged["violations"] = list(report.get("violations") or []) + list(got.get("violations") or [])
-        return merged, sample
+        return merged, sample, commitment
 
     def _trial(self, ref_model, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
         the first mismatch, in-place/aliasing flags against the reference, runtime rule violations)."""
-        report, sample = self._ask_trial(seed)
+        report, sample, commitment = self._ask_trial(seed)
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
         if report.get("subclass_outputs"):
             raise _Verdict(Category.CHEATING, feedback.cheating(
@@ -934,7 +991,7 @@ class _DeviceStage:
         row: dict[str, Any] = {"ok": False, "mismatch": None}
         flags = {"inputs_modified": bool(report.get("inputs_modified")) and not ref_mutates,
                  "aliases_input": bool(report.get("aliases_input")) and not ref_aliases}
-        leaves, targets, picks = self._handed_over(ref_leaves, report, sample)
+        leaves, targets, picks = self._handed_over(ref_leaves, report, sample, commitment)
         wrong_device = [d for d in report.get("devices") or [] if d != self.device.type]
         if wrong_device:
             row["mismatch"] = f"outputs on device {str(wrong_device[0])[:40]!r}, expected {self.device.type!r}"
@@ -1084,6 +1141,15 @@ class _DeviceStage:
                                   "plain_tensors": bool, "outputs_shared": bool, **_INTEGRITY_FIELDS})
                 wall_ms = (time.monotonic() - t0) * 1e3
                 self._raise_runtime_violations(reply, q=1.0)
+                if runner == "cand" and self.sampled:
+                    # a commitment to every batch (asking only for the audited ones would tell the child which
+                    # those are), read and sealed before any audit draws its seed; the parent's check time
+                    t_commit = time.monotonic()
+                    got = _checked(self._ask({"op": "commit", "commit_k": cfg.output_sample_elements}, "committed"),
+                                   {"commit_fd": int, **_INTEGRITY_FIELDS})
+                    self._raise_runtime_violations(got, q=1.0)
+                    self._batch_commit, self._batch_calls = self._read_commitment(got, self._commit_limit(n)), n
+                    audit_s += time.monotonic() - t_commit
                 rep_ms = [_number(x) for x in reply.get("rep_ms", [])]
                 if len(rep_ms) != n:
                     rep_ms = [math.nan] * n   # a reply that does not match the request is implausible
@@ -1154,7 +1220,11 @@ class _DeviceStage:
         report = _checked(self._ask(msg, "audited"), _TRIAL_FIELDS)
         self._raise_runtime_violations(report, q=1.0)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
-        leaves, targets, picks = self._handed_over(ref_leaves, report, sample)
+        commitment = None
+        if sample is not None:
+            call = rep % max(self._batch_calls, 1)   # the child audits output rep % (calls in the batch)
+            commitment = {i: d for (r, i), d in (self._batch_commit or {}).items() if r == call}
+        leaves, targets, picks = self._handed_over(ref_leaves, report, sample, commitment)
         c = self._compare(leaves, targets)
         self._full_position(c, picks, ref_leaves)
         self.details.setdefault("audits", []).append({"ok": c.ok, "max_rel_diff": c.max_rel_diff, "trial": trial,

@@ -167,6 +167,8 @@ RUNTIME_RULES = {
                     "elsewhere (allowed data-movement ops, a cache), not from your kernel",
     "precision_downgrade": "computed in lower precision than the reference (the error matches rounding the inputs "
                            "to float16 or coarser)",
+    "sample_fixup": "changed an output after its call returned (the entries handed over for comparison differ "
+                    "from the output the call produced)",
 }
 
 

@@ -281,8 +281,9 @@ class EmbeddedEngine:
             self._cv.notify_all()
 
     def flush_cache(self) -> None:
-        """Drop cached state. KV caches live only within a wave, so this just checks idleness (like SGLang,
-        flushing while requests run or wait is refused)."""
+        """Drop cached state. There is no prefix cache to drop (the slot buffers hold only running requests and
+        stay allocated), so this checks idleness (like SGLang, flushing while requests run or wait is refused)
+        and returns freed device memory to the driver."""
         if not self.is_idle():
             raise EngineStateError("cannot flush the cache while requests are running or waiting")
         if self.device.type == "cuda":

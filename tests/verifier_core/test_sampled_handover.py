@@ -79,3 +79,77 @@ def test_replay_from_the_harness_is_caught_by_sampled_audits(make_cfg, monkeypat
     r = run("elementwise_add", compiled(REPLAY_FROM_HARNESS), make_cfg(**SAMPLED))
     assert (r.category, r.rule) == (Category.CHEATING, "timing_output_mismatch"), r.feedback
     assert r.details["handover"]["sampled"] >= 1
+
+
+# Native code that hooks the harness's handover (here in Python, static stage bypassed): every call returns
+# garbage, and the hook fixes up, as the harness saves an output, all of a full handover and exactly the sampled
+# entries of a sampled one (the seed tells it which); it leaves the ablation trial's output alone, so the ablation
+# sees no decoy. Only a commitment made before the seed existed catches it.
+SAMPLE_FIXUP = '''
+import gc
+
+from verifier.correctness import sample_index
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inputs = {}
+        self.hooked = False
+
+    def _hook(self):
+        session = [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+        save, inputs = session._save, self.inputs
+        self.session = session
+
+        def save_fixed_up(out, sample=None):
+            a, b, fix = inputs.get(id(out), (None, None, False))
+            if fix:
+                flat, want = out.view(-1), (lambda i: a.reshape(-1)[i] + b.reshape(-1)[i])
+                idx = None if sample is None else sample_index(flat.numel(), int(sample[1]), int(sample[0]))
+                if idx is None:
+                    flat.copy_(ext.add(a, b).view(-1))
+                else:
+                    flat[idx] = want(idx)
+            return save(out, sample)
+        session._save = save_fixed_up
+        self.hooked = True
+
+    def forward(self, a, b):
+        if not self.hooked:
+            self._hook()
+        ext.add(a[:1], b[:1])          # a native call, so the output does not read as host-computed
+        out = torch.full_like(a, 3.0)   # no work: wrong everywhere until the hook fixes it up
+        self.inputs[id(out)] = (a, b, self.session._ablation is None)
+        return out
+'''
+
+
+@pytest.mark.slow
+def test_fixing_up_only_the_sampled_entries_after_the_seed_is_caught_by_the_commitment(make_cfg, monkeypatch):
+    import verifier.evaluate as evaluate_module
+    monkeypatch.setattr(evaluate_module, "check_candidate", lambda code, cfg: [])
+    r = run("elementwise_add", compiled(SAMPLE_FIXUP), make_cfg(**SAMPLED))
+    assert (r.category, r.rule) == (Category.CHEATING, "sample_fixup"), (r.category, r.rule, r.feedback)
+    # the first trial (a full handover, fixed up in full) passed; the first sampled one was caught
+    assert r.details["handover"]["full"] == 1 and r.details["handover"]["sampled"] >= 1
+
+
+def test_a_commitment_catches_a_changed_block_and_nothing_else():
+    from verifier.correctness import block_digests, uncommitted_entry
+
+    out = torch.randn(10_000)
+    digests = block_digests(out)
+    idx = sample_index(out.numel(), 1024, 3)
+    assert uncommitted_entry(out[idx], idx, out.numel(), digests) is None
+    fixed = out.clone()
+    fixed[idx[200]] += 1e-3            # one sampled entry changed after the commitment
+    assert uncommitted_entry(fixed[idx], idx, out.numel(), digests) == int(idx[200]) // 64 * 64
+    other = out.clone()
+    other[5] += 1.0                    # an entry outside the sample: the comparison's business, not the commitment's
+    if 5 not in idx.tolist():
+        assert uncommitted_entry(other[idx], idx, out.numel(), digests) is None
+    # a commitment of the wrong size commits to nothing
+    assert uncommitted_entry(out[idx], idx, out.numel(), digests[:-1]) is not None
+    # the same digests on any device and chunking (the child digests on its device, the parent on the host)
+    assert torch.equal(block_digests(out, chunk=640), digests)
