@@ -107,11 +107,11 @@ class _SlotAttention(CacheLayerMixin):
         pass
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if key_states.shape[2] != 1:   # (no check against self.n: torch.compile would specialise on its value)
+        if key_states.shape[2] != 1:
             raise RuntimeError(f"the slot cache decodes one token per row, got K of shape {tuple(key_states.shape)}")
         self.keys[self.rows, :, self.pos] = key_states[:, :, 0]
         self.values[self.rows, :, self.pos] = value_states[:, :, 0]
-        n = key_states.shape[0]   # not self.n: under torch.compile a shape stays symbolic, an int attribute would not
+        n = key_states.shape[0]   # the bound rows (a shape: symbolic under torch.compile)
         return self.keys[:n], self.values[:n]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
