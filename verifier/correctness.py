@@ -250,8 +250,11 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
 # call. So that native code cannot then fix up exactly those entries of a held output, the child commits to the
 # whole output first: when the call returns, before any seed exists, it digests every aligned block of
 # COMMIT_BLOCK entries on the output's device and hands the digests over in a sealed memfd; the parent checks each
-# sampled block it receives against its digest. A digest is a keyed sum of the block's entries' bits: matching it
-# with corrected values means knowing those values before the seed, i.e. computing the whole output.
+# sampled block it receives against its digest. A digest is a keyed sum of the block's entries' bits: it stops a
+# fix-up that simply writes the right values into the sampled entries. It is linear, so it does not bind: a lattice
+# reduction finds small changes to a block's low bits (a few float32 ulps in 16 of its 64 entries) that meet any
+# committed digest. A non-linear per-block hash would close that; at full KernelBench sizes it must stay cheap
+# enough to run after every timed batch (not done).
 
 COMMIT_BLOCK = 64
 _COMMIT_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}   # entry bits by entry size
@@ -293,7 +296,7 @@ def uncommitted_entry(values: torch.Tensor, picks: torch.Tensor, numel: int, dig
     it); every pick is still compared with the reference. A malformed sample is left to that comparison."""
     if picks.numel() % COMMIT_BLOCK or values.numel() != picks.numel() or picks.numel() == 0:
         return None
-    if digests.dim() != 1 or digests.numel() != -(-numel // COMMIT_BLOCK):
+    if digests.dtype != torch.int64 or digests.dim() != 1 or digests.numel() != -(-numel // COMMIT_BLOCK):
         return int(picks[0])   # a commitment of another size commits to nothing
     rows = picks.view(-1, COMMIT_BLOCK)
     starts = rows[:, 0]

@@ -410,7 +410,11 @@ class _DeviceStage:
                 raise _Verdict(Category.CHEATING, feedback.cheating(
                     "sample_fixup", f"{RUNTIME_RULES['sample_fixup']}: output {i} was handed over without the "
                     "commitment made when the call returned"), rule="sample_fixup", q=1.0)
-            bad = uncommitted_entry(leaves[i], idx, ref_leaves[i].numel(), digests)
+            try:
+                bad = uncommitted_entry(leaves[i], idx, ref_leaves[i].numel(), digests)
+            except Exception as e:   # whatever the child sent, a verdict of the candidate's, never a harness crash
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
+                    "harness", f"unusable output commitment: {type(e).__name__}")) from None
             if bad is not None:
                 where = _unravel(bad, ref_leaves[i].shape) if isinstance(ref_leaves[i], torch.Tensor) else bad
                 raise _Verdict(Category.CHEATING, feedback.cheating(
@@ -434,10 +438,15 @@ class _DeviceStage:
                         rep_s, _, out_s = key[1:].partition("_")
                         if key.startswith("d") and rep_s.isdigit() and out_s.isdigit():
                             out[(int(rep_s), int(out_s))] = f.get_tensor(key)
+            except _Verdict:
+                raise
             except Exception as e:
                 raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable commitment: {e}"))
         finally:
             os.close(fd)
+        import torch
+        if not all(d.dtype == torch.int64 and d.dim() == 1 for d in out.values()):
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", "malformed output commitment"))
         return out
 
     def _commit_limit(self, calls: int = 1) -> int:

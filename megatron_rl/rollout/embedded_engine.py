@@ -550,8 +550,9 @@ class EmbeddedEngine:
             if r.finish is not None:
                 continue
             if not dec.allocated or dec.need(r) > dec.max_len:
-                with self._model_lock:
-                    grown = dec.ensure(self._slot_template, max([dec.need(r)] + [dec.need(a) for a in dec.active]))
+                with self._model_lock:   # (a longer length may mean fewer slots: keep room for this chunk)
+                    grown = dec.ensure(self._slot_template, max([dec.need(r)] + [dec.need(a) for a in dec.active]),
+                                       min_slots=len(dec.active) + len(chunk) + 1)
                 if not grown:
                     break
             if len(dec.active) + len(chunk) >= dec.slots:
@@ -587,7 +588,10 @@ class EmbeddedEngine:
         seeds = seed_tensor([r.seed for r in joining], self.device)
         with self._model_lock:
             for i, r in enumerate(joining):
-                self._slots.add(r, cache, i, width - len(r.prompt), tokens[i], seeds[i])
+                # a request that finished on its first token was answered already (the engine may even have
+                # been released since, which frees the slots): it never takes a slot
+                if r.finish is None:
+                    self._slots.add(r, cache, i, width - len(r.prompt), tokens[i], seeds[i])
 
     def _slot_decode_step(self) -> None:
         dec = self._slots

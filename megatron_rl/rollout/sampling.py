@@ -165,9 +165,11 @@ def request_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     Counter-based: the uniform for token `step` of a request depends on nothing else, so batching, joining,
     leaving and reordering never change a seeded request's draws."""
     lo, hi = seeds & _M32, (seeds >> 32) & _M32
-    # the constants keep an all-zero input (seed 0, token 0) away from the hash's fixed point at zero
-    a = _mix32(lo ^ _mix32(hi ^ _mix32((steps & _M32) ^ 0x9E3779B9) ^ 0x85EBCA6B) ^ 0xC2B2AE35)
-    b = _mix32(a ^ _mix32(((steps >> 32) & _M32) ^ 0x68E31DA4) ^ 0x27D4EB2F)
+    # two independent 32-bit hashes of all four input words (so the 53 bits are 53 random bits); the constants
+    # keep an all-zero input (seed 0, token 0) away from the hash's fixed point at zero
+    s_lo, s_hi = steps & _M32, (steps >> 32) & _M32
+    a = _mix32(lo ^ _mix32(hi ^ _mix32(s_lo ^ _mix32(s_hi ^ 0x68E31DA4) ^ 0x9E3779B9) ^ 0x85EBCA6B) ^ 0xC2B2AE35)
+    b = _mix32(hi ^ _mix32(lo ^ _mix32(s_hi ^ _mix32(s_lo ^ 0x1B873593) ^ 0x27D4EB2F) ^ 0x165667B1) ^ 0xD3A2646C)
     return ((a >> 5) * 67108864 + (b >> 6)).double() / 9007199254740992.0
 
 
@@ -192,7 +194,7 @@ def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 def unfiltered(p: RequestSampling) -> bool:
     """No top-k / top-p / min-p: the request draws from the whole temperature-scaled distribution (or is greedy)."""
-    return p.greedy or not (p.top_k >= 1 or p.top_p < 1.0 or p.min_p > 0.0)
+    return p.greedy or not (1 <= p.top_k < TOP_K_ALL or p.top_p < 1.0 or p.min_p > 0.0)
 
 
 def sample_unfiltered(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor
@@ -216,10 +218,14 @@ def sample(logits: torch.Tensor, params: list[RequestSampling], uniforms: torch.
         return sample_unfiltered(logits, temps, uniforms)
     logprobs = rollout_logprobs(logits, temps)
     tokens = logprobs.argmax(dim=-1)                      # what greedy rows keep
-    stochastic = [i for i, p in enumerate(params) if not p.greedy]
-    if stochastic:
-        s = torch.tensor(stochastic, device=device)
-        sub = [params[i] for i in stochastic]
+    plain = [i for i, p in enumerate(params) if not p.greedy and unfiltered(p)]
+    if plain:   # drawn exactly as in a batch without filters (a seeded request's tokens do not depend on its batch)
+        s = torch.tensor(plain, device=device)
+        tokens[s] = draw(logprobs[s].exp(), uniforms[s])
+    filtered = [i for i, p in enumerate(params) if not unfiltered(p)]
+    if filtered:
+        s = torch.tensor(filtered, device=device)
+        sub = [params[i] for i in filtered]
         weights = filtered_probs(
             logprobs[s],
             torch.tensor([p.top_k for p in sub], device=device),

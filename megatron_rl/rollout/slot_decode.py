@@ -231,10 +231,11 @@ class SlotDecoder:
     def room_for(self, req) -> bool:
         return self.allocated and len(self.active) < self.slots and self.need(req) <= self.max_len
 
-    def ensure(self, template: Callable[[], Any], need_len: int) -> bool:
+    def ensure(self, template: Callable[[], Any], need_len: int, min_slots: int = 1) -> bool:
         """Buffers holding `need_len` tokens per slot, shaped like the layers of `template()` (a prefilled
-        DynamicCache; called once). Reallocates, keeping the active rows, when the length grows; False when the
-        memory budget cannot hold as many slots as there are active requests."""
+        DynamicCache; called once). Reallocates, keeping the active rows, when the length grows. False, with the
+        buffers as they were, when the memory budget cannot hold `min_slots` slots (at least the active requests)
+        or the allocation fails."""
         if self.allocated and need_len <= self.max_len:
             return True
         length = -(-max(need_len, self.max_len) // LENGTH_QUANTUM) * LENGTH_QUANTUM
@@ -243,13 +244,31 @@ class SlotDecoder:
             self._layout = _layout(template(), self.layer_types)
         per_token, per_slot_state, specs = self._layout
         slot_bytes = length * per_token + per_slot_state
-        budget = self._budget_bytes() + (self.stats.cache_bytes if self.allocated else 0)
-        slots = min(self.max_batch, budget // max(slot_bytes, 1))
-        if slots < max(len(self.active), 1):
+        # with active rows the old buffers stay alive while the new ones are filled: only free memory counts;
+        # without, the old buffers are freed first and their memory counts too
+        reclaim = self.stats.cache_bytes if self.allocated and not self.active else 0
+        slots = min(self.max_batch, self._budget_bytes(reclaim) // max(slot_bytes, 1))
+        if slots < max(len(self.active), min_slots, 1):
             return False
+        if reclaim:
+            self.free()
         old = self._cache
         self.drop_graphs()
-        self._cache = None
+        try:
+            self._allocate(specs, old, slots, length)
+        except torch.OutOfMemoryError:
+            log.warning("slot cache: %d slots x %d tokens do not fit in device memory", slots, length)
+            self._cache = old
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return False
+        self.stats.resizes += int(old is not None)
+        self.stats.slots, self.stats.max_len, self.stats.cache_bytes = slots, length, slots * slot_bytes
+        log.info("slot cache: %d slots x %d tokens, %.2f GB", slots, length, slots * slot_bytes / 1e9)
+        return True
+
+    def _allocate(self, specs: list, old: "SlotCache | None", slots: int, length: int) -> None:
+        """New buffers of `slots` x `length`, the active rows copied from `old`; assigned only when all exist."""
         layers = []
         for li, spec in enumerate(specs):
             if spec[0] == "attn":
@@ -270,8 +289,7 @@ class SlotDecoder:
                     conv[: len(self.active)] = ol.conv_buf[: len(self.active)]
                     rec[: len(self.active)] = ol.recurrent_buf[: len(self.active)]
                 layers.append(_SlotLinear(conv, rec))
-        del old
-        self._cache = SlotCache(layers)
+        buffers = {}
         # per-slot step inputs: the token to feed, its position, and the slot's sampling state (all device-side, so
         # a graph replay needs nothing from the host); `live` is 1 for occupied slots (padding rows never advance)
         fresh = {"ids": torch.long, "pos": torch.long, "live": torch.long, "seed": torch.long, "step_idx": torch.long,
@@ -279,28 +297,31 @@ class SlotDecoder:
         n = len(self.active)
         for name, dtype in fresh.items():
             buf = torch.zeros(slots, dtype=dtype, device=self.device)
-            old = getattr(self, name, None)
-            if old is not None and n:
-                buf[:n] = old[:n]
+            before = getattr(self, name, None)
+            if before is not None and n:
+                buf[:n] = before[:n]
+            buffers[name] = buf
+        rows, columns = torch.arange(slots, device=self.device), torch.arange(length, device=self.device)
+        for name, buf in buffers.items():
             setattr(self, name, buf)
-        self.rows = torch.arange(slots, device=self.device)
-        self.columns = torch.arange(length, device=self.device)
-        self.stats.resizes += int(self.stats.slots > 0)
-        self.stats.slots, self.stats.max_len, self.stats.cache_bytes = slots, length, slots * slot_bytes
-        log.info("slot cache: %d slots x %d tokens, %.2f GB", slots, length, slots * slot_bytes / 1e9)
-        return True
+        self._cache, self.rows, self.columns = SlotCache(layers), rows, columns
 
-    def _budget_bytes(self) -> int:
+    def _budget_bytes(self, reclaim: int = 0) -> int:
+        """Bytes the slot buffers may take: a share of the device memory free now plus `reclaim` bytes about to
+        be freed (CUDA), or a fixed budget (CPU)."""
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
-            return int(free * self.memory_fraction)
+            return int((free + reclaim) * self.memory_fraction)
         return self.cpu_budget_bytes
 
     def free(self) -> None:
         """Release the buffers and graphs (memory release, tag kv_cache); the next wave reallocates. Requests that
         finished but were not yet dropped by the scheduler leave now (the caller holds the engine's model lock,
         as the scheduler does around its own drops)."""
-        self.drop_finished(lambda r: r.finish is not None)
+        if self._cache is not None:
+            self.drop_finished(lambda r: r.finish is not None)
+        else:
+            self.active = [r for r in self.active if r.finish is None]
         if self.active:
             raise RuntimeError("cannot free the slot cache while requests occupy it")
         self.drop_graphs()
@@ -339,6 +360,9 @@ class SlotDecoder:
 
     def drop_finished(self, finished: Callable[[Any], bool]) -> None:
         """Remove finished requests, moving the last active slot into each hole (cache rows included)."""
+        if self._cache is None:   # nothing holds them any more (a failed allocation): forget them
+            self.active = [r for r in self.active if not finished(r)]
+            return
         i = 0
         while i < len(self.active):
             if not finished(self.active[i]):
@@ -429,7 +453,9 @@ class SlotDecoder:
                     self._decode(b)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: weight updates stage tensors on other threads meanwhile (their allocations and
+            # copies must not invalidate this capture, nor this capture fail them)
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = self._decode(b)
             entry = (graph, outputs)
             self._graphs[b] = entry
@@ -440,6 +466,7 @@ class SlotDecoder:
             self.stats.graph_failures += 1
             entry = None
         finally:
+            torch.cuda.synchronize(self.device)   # a failed warm-up may leave side-stream work writing the state
             linear = [layer for layer in self._cache.layers if isinstance(layer, _SlotLinear)]
             for layer, (conv, rec) in zip(linear, saved):
                 layer.conv_buf[:n] = conv

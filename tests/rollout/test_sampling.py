@@ -61,3 +61,25 @@ def test_request_uniforms_are_uniform_independent_and_depend_only_on_seed_and_st
     assert len(set(edge.tolist())) == 5 and edge[1] == edge[5]
     # a row's value does not depend on what else is computed with it
     assert request_uniforms(seeds[:1], torch.tensor([17]))[0] == u[17]
+
+
+def test_uniforms_carry_53_random_bits():
+    """Two independent hashes feed the 53 bits: a million seeds give a million distinct uniforms (with 32 bits of
+    entropy about 116 would collide)."""
+    n = 1_000_000
+    u = request_uniforms(seed_tensor(list(range(n)), "cpu"), torch.full((n,), 7))
+    assert u.unique().numel() == n
+
+
+def test_an_unfiltered_request_draws_the_same_whatever_filtered_request_shares_its_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5000) * 3
+    plain = RequestSampling.from_sglang({"temperature": 1.0})
+    nucleus = RequestSampling.from_sglang({"temperature": 0.8, "top_p": 0.5, "top_k": 40})
+    no_top_k = RequestSampling.from_sglang({"temperature": 1.0, "top_k": 2**40})   # above any vocabulary: no filter
+    for seed in range(200):
+        u = _gens([seed, seed + 1000], step=seed)
+        alone, _ = sample(logits[:1], [plain], u[:1])
+        mixed, _ = sample(logits, [plain, nucleus], u)
+        assert alone[0] == mixed[0]
+        assert sample(logits[:1], [no_top_k], u[:1])[0][0] == alone[0]

@@ -217,3 +217,17 @@ def test_compiled_decode_matches_eager_and_compiles_once_for_every_batch_size_ab
     # dynamo compiles the first size statically and, on seeing a second, once more with a dynamic batch: no more
     assert graphs[1] <= graphs[0] + 1 and graphs[2:] == [graphs[1]] * 2, graphs
     assert compiled.decode_info()["compiled"]
+
+
+def test_a_longer_request_that_would_shrink_the_slots_below_a_chunk_waits_for_room():
+    """4 slots fit at 256 tokens but only 2 at 512: a 512-token request arriving with three short ones must not
+    shrink the slots under the three already taken (it waits, then runs alone)."""
+    model = _model(TINY)
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=8, gather_ms=50, decode="slots"))
+    engine._slots.cpu_budget_bytes = 4 * 256 * 512
+    jobs = [([1, 2, 3], 20, 1), ([4, 5], 20, 2), ([6], 20, 3), (list(range(1, 100)), 400, 4)]
+    outs = _generate(engine, jobs)
+    for (prompt, n, _), out in zip(jobs, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == n, out["meta_info"]
+        lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y) for x, y in zip(reference_logprobs(model, prompt, out["output_ids"]), lps)) < 3e-5

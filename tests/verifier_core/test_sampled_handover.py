@@ -151,5 +151,7 @@ def test_a_commitment_catches_a_changed_block_and_nothing_else():
         assert uncommitted_entry(other[idx], idx, out.numel(), digests) is None
     # a commitment of the wrong size commits to nothing
     assert uncommitted_entry(out[idx], idx, out.numel(), digests[:-1]) is not None
+    # nor one of another dtype (a child's re-viewed digests must not crash the parent's comparison)
+    assert uncommitted_entry(out[idx], idx, out.numel(), digests.view(torch.float64)) is not None
     # the same digests on any device and chunking (the child digests on its device, the parent on the host)
     assert torch.equal(block_digests(out, chunk=640), digests)
