@@ -410,7 +410,13 @@ def test_the_precision_probe_tells_float16_inputs_from_float32_summation_orders(
 
 def test_the_precision_probe_stays_silent_where_float16_is_below_float32_noise():
     import torch
-    for candidate in (lambda a: torch.logsumexp(a[0], dim=1).mean() - a[0].gather(1, a[1][:, None]).mean(),
-                      lambda a: torch.nn.functional.cross_entropy(a[0].half().float(), a[1])):
-        finding, details = _probe("cross_entropy", candidate)
-        assert finding is None, details
+
+    from verifier.evaluate import PRECISION_PROBE_FP32_FACTOR
+    # an honest float32 kernel of a loss reduced to one scalar: never flagged, whatever the inputs
+    finding, details = _probe("cross_entropy", lambda a: torch.logsumexp(a[0], dim=1).mean()
+                              - a[0].gather(1, a[1][:, None]).mean())
+    assert finding is None, details
+    # float16 inputs there: flagged only where their error also stands out of float32's own (on about one input
+    # set in twenty it reaches 32x; asserting silence every time made this test fail 1 run in 20)
+    finding, details = _probe("cross_entropy", lambda a: torch.nn.functional.cross_entropy(a[0].half().float(), a[1]))
+    assert (finding is None) == (details["rms_ratio_to_fp32_reference"] < PRECISION_PROBE_FP32_FACTOR), details
