@@ -612,14 +612,19 @@ class DeviceSession:
                 values[str(i)] = leaf
             else:
                 values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
+        fd = self._sealed("verifier-out", tensors)
+        return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
+
+    def _sealed(self, name: str, tensors: dict) -> int:
+        """``tensors`` in a sealed memfd, its descriptor kept until ``close_handed``: once the parent has read the
+        reply naming it nobody, this process included, can change them (the parent opens it through
+        /proc/<pid>/fd and checks the seals); it lives in memory."""
         self.counter += 1
-        # a sealed memfd: once the parent has read this reply nobody, this process included, can change the
-        # outputs (the parent opens it through /proc/<pid>/fd and checks the seals); it lives in memory
-        fd = os.memfd_create(f"verifier-out{self.counter}", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+        fd = os.memfd_create(f"{name}{self.counter}", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
         _write_safetensors(fd, tensors)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, OUTPUT_SEALS)
         self.handed.append(fd)
-        return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
+        return fd
 
     def _commit(self, outputs: list, k: int) -> dict:
         """Digests (``correctness.block_digests``, on the outputs' device) of every tensor of more than ``k``
@@ -632,12 +637,7 @@ class DeviceSession:
             for i, leaf in enumerate(leaves):
                 if type(leaf) is self.torch.Tensor and leaf.numel() > k and committable(leaf):
                     digests[f"d{rep}_{i}"] = block_digests(leaf)
-        self.counter += 1
-        fd = os.memfd_create(f"verifier-commit{self.counter}", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
-        _write_safetensors(fd, digests)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, OUTPUT_SEALS)
-        self.handed.append(fd)
-        return {"commit_fd": fd}
+        return {"commit_fd": self._sealed("verifier-commit", digests)}
 
     def close_handed(self) -> None:
         """Drop this process's descriptors of outputs already sent (the parent holds its own by now)."""

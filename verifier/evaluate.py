@@ -425,6 +425,7 @@ class _DeviceStage:
     def _read_commitment(self, report: dict[str, Any], limit: int) -> dict[tuple[int, int], Any]:
         """The output digests the child committed to (``commit_fd``: a sealed memfd, opened and checked before
         the parent draws the seed, so nothing can change them afterwards), by (call, output)."""
+        import torch
         from safetensors import safe_open
 
         fd = self._open_sealed_output(report.get("commit_fd"))
@@ -444,7 +445,6 @@ class _DeviceStage:
                 raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable commitment: {e}"))
         finally:
             os.close(fd)
-        import torch
         if not all(d.dtype == torch.int64 and d.dim() == 1 for d in out.values()):
             raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", "malformed output commitment"))
         return out

@@ -579,9 +579,9 @@ class EmbeddedEngine:
         return cache
 
     def _prefill_into_slots(self, joining: list[GenRequest]) -> None:
-        ids, mask, pos = self._left_padded(joining)
         from transformers import DynamicCache
 
+        ids, mask, pos = self._left_padded(joining)
         cache = DynamicCache(config=self.model.config)
         tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
         width = ids.shape[1]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Callable
 
 import torch
@@ -48,6 +49,10 @@ ATTN_IMPL = "megatron_rl_sdpa"
 SLOT_LAYER_TYPES = frozenset({"full_attention", "linear_attention"})
 #: K/V length granularity: a buffer grows in steps of this many tokens
 LENGTH_QUANTUM = 256
+#: per-slot step inputs, all on the device so that a graph replay needs nothing from the host: the token to feed,
+#: its position, 1 for an occupied slot (padding rows never advance), and the slot's sampling state
+_STEP_BUFFERS = {"ids": torch.long, "pos": torch.long, "live": torch.long, "seed": torch.long, "step_idx": torch.long,
+                 "temperature": torch.float32}
 
 
 def grouped_decode_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -99,7 +104,6 @@ class _SlotAttention(CacheLayerMixin):
         super().__init__()
         self.keys, self.values = keys, values
         self.is_initialized = True
-        self.n = 0
         self.rows: torch.Tensor | None = None
         self.pos: torch.Tensor | None = None
 
@@ -149,7 +153,7 @@ class SlotCache(Cache):
     def bind(self, n: int, rows: torch.Tensor, pos: torch.Tensor) -> None:
         for layer in self.layers:
             if isinstance(layer, _SlotAttention):
-                layer.n, layer.rows, layer.pos = n, rows[:n], pos[:n]
+                layer.rows, layer.pos = rows[:n], pos[:n]
             else:
                 layer.bind(n)
 
@@ -184,8 +188,9 @@ class SlotStats:
 class SlotDecoder:
     """The slot buffers of one engine, the requests occupying them, and the decode step (graphed on CUDA).
 
-    The engine's scheduler thread is the only caller. Requests are opaque here except for `tokens`/`prompt`
-    (their cache length); the engine samples and decides when a request leaves."""
+    The engine calls it under its model lock (the scheduler thread, and `free` from a memory release). Requests
+    are opaque here except for `tokens`/`prompt` (their cache length) and `sampling`; the engine decides when a
+    request leaves."""
 
     def __init__(self, model: torch.nn.Module, *, max_batch: int, context_length: int, cuda_graphs: bool,
                  memory_fraction: float, compile_decode: bool = False, cpu_budget_bytes: int = 2 << 30):
@@ -201,13 +206,14 @@ class SlotDecoder:
         self.active: list[Any] = []          # active[i] occupies slot i
         self.stats = SlotStats()
         self._cache: SlotCache | None = None
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._eager_only: set[int] = set()
         self._pool = None
         self._buckets = batch_buckets(max_batch)
         self._layout: tuple[int, int, list] | None = None   # (bytes per token, state bytes per slot, layer specs)
         # torch.compile fuses the step's ~50 small elementwise kernels per layer (norms, RoPE, SiLU) that otherwise
-        # take as long as the weights' GEMMs at small batches; dynamic shapes: one compile serves every bucket > 1
+        # take as long as the weights' GEMMs at small batches; dynamic shapes: dynamo compiles batch 1, the first
+        # larger batch, then one graph with a dynamic batch for every other size
         self._model_call = torch.compile(_call_model, dynamic=True) if compile_decode else _call_model
 
     # ------------------------------------------------------------------ buffers
@@ -227,9 +233,6 @@ class SlotDecoder:
     def need(self, req) -> int:
         """Cache length `req` may reach: its prompt plus everything it may generate, within the context."""
         return min(len(req.prompt) + req.sampling.max_new_tokens, self.context_length)
-
-    def room_for(self, req) -> bool:
-        return self.allocated and len(self.active) < self.slots and self.need(req) <= self.max_len
 
     def ensure(self, template: Callable[[], Any], need_len: int, min_slots: int = 1) -> bool:
         """Buffers holding `need_len` tokens per slot, shaped like the layers of `template()` (a prefilled
@@ -290,12 +293,8 @@ class SlotDecoder:
                     rec[: len(self.active)] = ol.recurrent_buf[: len(self.active)]
                 layers.append(_SlotLinear(conv, rec))
         buffers = {}
-        # per-slot step inputs: the token to feed, its position, and the slot's sampling state (all device-side, so
-        # a graph replay needs nothing from the host); `live` is 1 for occupied slots (padding rows never advance)
-        fresh = {"ids": torch.long, "pos": torch.long, "live": torch.long, "seed": torch.long, "step_idx": torch.long,
-                 "temperature": torch.float32}
         n = len(self.active)
-        for name, dtype in fresh.items():
+        for name, dtype in _STEP_BUFFERS.items():
             buf = torch.zeros(slots, dtype=dtype, device=self.device)
             before = getattr(self, name, None)
             if before is not None and n:
@@ -372,7 +371,7 @@ class SlotDecoder:
             if i != last:
                 self._move(last, i, self.cache_len(self.active[last]))
                 self.active[i] = self.active[last]
-            for buf in (self.ids, self.pos, self.live, self.seed, self.step_idx, self.temperature):
+            for buf in self._step_buffers():
                 buf[last] = 0
             self.active.pop()
 
@@ -389,8 +388,11 @@ class SlotDecoder:
             else:
                 layer.conv_buf[dst] = layer.conv_buf[src]
                 layer.recurrent_buf[dst] = layer.recurrent_buf[src]
-        for buf in (self.ids, self.pos, self.live, self.seed, self.step_idx, self.temperature):
+        for buf in self._step_buffers():
             buf[dst] = buf[src]
+
+    def _step_buffers(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in _STEP_BUFFERS]
 
     # ------------------------------------------------------------------ the step
 
@@ -436,8 +438,6 @@ class SlotDecoder:
         """Capture the step for `b` rows. The warm-up runs really execute: K/V they write at each row's position
         are rewritten identically by the real step, but GDN states and the step inputs would advance, so they are
         saved and restored."""
-        import time
-
         t0 = time.perf_counter()
         n = len(self.active)
         saved = [(layer.conv_buf[:n].clone(), layer.recurrent_buf[:n].clone())
@@ -479,7 +479,8 @@ class SlotDecoder:
 
     def info(self) -> dict:
         return {"slots": self.slots, "max_len": self.max_len, "cache_gb": round(self.stats.cache_bytes / 1e9, 3),
-                "cuda_graphs": self.cuda_graphs, "compiled": self._model_call is not _call_model, "graphs_captured": self.stats.graphs_captured,
+                "cuda_graphs": self.cuda_graphs, "compiled": self._model_call is not _call_model,
+                "graphs_captured": self.stats.graphs_captured,
                 "graph_capture_s": round(self.stats.graph_capture_s, 2), "graph_failures": self.stats.graph_failures,
                 "resizes": self.stats.resizes}
 
