@@ -1,7 +1,8 @@
 """Per-phase time of full RL steps on one GPU: generation, verification, logprobs, training, sync.
 
     python bench/rl_step.py [--arch dense|hybrid] [--layers 36] [--steps 3] [--prompts 4] [--group 4]
-                            [--max-new 1024] [--no-farm-share] [--out bench/results/rl_step_h200.json]
+                            [--max-new 1024] [--offload-actor auto|on|off] [--no-farm-share]
+                            [--out bench/results/rl_step_h200.json]
 
 Runs the real driver (`megatron_rl.train.run`) with the local backend (no Ray on the GPU machine):
 a random bf16 model shaped like Qwen3-8B (``--arch dense``) or Qwen3.5-9B (``--arch hybrid``; every 4th
@@ -43,6 +44,8 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=1024)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU (checks the script)")
     ap.add_argument("--no-farm-share", action="store_true", help="skip verifying a step's worth of correct kernels")
+    ap.add_argument("--offload-actor", choices=("auto", "on", "off"), default="auto",
+                    help="cluster.offload_actor (auto: only when the engine's cache would not fit beside the actor)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -74,6 +77,7 @@ def main() -> int:
         f"actor.params_dtype={'bfloat16' if gpu else 'float32'}", f"rollout.engine_dtype={'bfloat16' if gpu else 'float32'}",
         f"kernel_backend={'cuda' if gpu else 'cpu'}",
         "actor.max_tokens_per_gpu=16384", "train.save_interval=0",
+        f"cluster.offload_actor={ {'auto': 'null', 'on': 'true', 'off': 'false'}[args.offload_actor] }",
         *(["data.size_profile=gpu"] if gpu else []), *shape,
     ]
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides)
@@ -94,6 +98,9 @@ def main() -> int:
         "ratio_vs_nemo_rl": toks / NEMO_RL_TOKS_PER_GPU,
         "rollout_tokens_median": {k: statistics.median(r.get(f"rollout/{k}", 0.0) for r in steady)
                                   for k in ("tokens_generated", "tokens_in_batch", "discarded_token_frac")},
+        # the embedded engine's own split of the rollout (prefill / decode seconds, mean running batch)
+        "engine_median": {k[7:]: statistics.median(r[k] for r in steady if k in r)
+                          for k in sorted({k for r in steady for k in r if k.startswith("engine/")})},
         "summary": summary, "command": " ".join(sys.argv),
     }
     if not args.no_farm_share:

@@ -105,6 +105,9 @@ class ClusterConfig:
     backend: str = "auto"                # auto: Ray when importable | ray | local (one rank, in-process)
     placement: str = "colocated"         # colocated: train and rollout share GPUs | disaggregated
     async_rollout: bool = False          # one-step off-policy (disaggregated only)
+    # colocated: move the actor's params, grads and optimizer state to pinned host memory while the engines
+    # generate. None (auto): only when the engines' cache for a step's requests would not fit beside them
+    offload_actor: bool | None = None
     actor_world_size: int = 1            # train ranks = tp * pp * dp
     rollout_gpus: int = 0                # disaggregated: GPUs for engines (0 on CPU)
     use_gpu: bool | None = None          # None: use GPUs when CUDA is available

@@ -177,6 +177,13 @@ class ModelShape:
         return state + conv
 
 
+def rollout_cache_bytes(m: ModelShape, sequences: int, tokens_per_sequence: int, dtype_bytes: int = 2) -> int:
+    """Engine cache of `sequences` running requests of up to `tokens_per_sequence` tokens each: K/V of the
+    attention layers in the engine's dtype, plus every GDN layer's fixed state per request."""
+    kv = m.kv_bytes_per_token() // 2 * dtype_bytes
+    return sequences * (tokens_per_sequence * kv + m.gdn_state_bytes())
+
+
 def shape_from_hf(cfg: dict[str, Any], name: str = "hf") -> ModelShape:
     """ModelShape from an HF config dict (text_config of a multimodal config is used when present)."""
     c = cfg.get("text_config") or cfg

@@ -105,8 +105,7 @@ def run(cfg, resume: bool = False) -> dict:
             if step == cfg.train.kill_at_step and not resume:
                 raise InjectedFault(f"train.kill_at_step={step}")
             timer = PhaseTimer()
-            with timer("rollout"):
-                rollout = cluster.rollout(step)
+            rollout = cluster.rollout(step, timer)
             train = {}
             if not rollout.empty:
                 with timer("train"):

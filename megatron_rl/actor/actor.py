@@ -194,6 +194,7 @@ class MegatronActor:
         self.iteration = 0
         self._pad_multiple = cfg.tp if (cfg.sequence_parallel and cfg.tp > 1) else 1
         self._offloaded = False
+        self._host_stash = optim.HostStash()   # pinned host copies of the state, reused by every offload
         self._reference: list[torch.Tensor] | None = None
 
     # ----- parallel layout -------------------------------------------------------------------
@@ -497,12 +498,12 @@ class MegatronActor:
     def state_offload(self) -> None:
         """Move params, grads and optimizer state to host memory (no-op on CPU)."""
         if not self._offloaded:
-            optim.offload_to_cpu(self.model, self.optimizer)
+            optim.offload_to_cpu(self.model, self.optimizer, self._host_stash)
             self._offloaded = True
 
     def state_onload(self) -> None:
         if self._offloaded:
-            optim.restore_from_cpu(self.model, self.optimizer)
+            optim.restore_from_cpu(self.model, self.optimizer, self._host_stash)
             self._offloaded = False
 
     def _check_onloaded(self) -> None:

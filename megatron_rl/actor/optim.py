@@ -162,12 +162,46 @@ def grads_are_finite(model: list) -> bool:
     return True
 
 
-def offload_to_cpu(model: list, optimizer) -> None:
+class HostStash:
+    """Pinned host copies of device tensors, kept between offloads and refilled in place.
+
+    Why: a colocated actor moves its optimizer state (12 bytes a parameter) to the host before every
+    rollout and back after it. ``tensor.to("cpu")`` allocates pageable memory each time and copies at a
+    few GB/s; copies into pinned buffers that persist run at the link's speed and allocate nothing after
+    the first offload. A buffer that cannot be pinned (host limits) falls back to pageable memory.
+    """
+
+    def __init__(self):
+        self._host: dict[tuple, torch.Tensor] = {}
+        self.pinned_bytes = 0
+
+    def put(self, key: tuple, t: torch.Tensor) -> torch.Tensor:
+        """The host copy of device tensor `t` under `key` (copied asynchronously: synchronize before use)."""
+        host = self._host.get(key)
+        if host is None or host.shape != t.shape or host.dtype != t.dtype:
+            try:
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                self.pinned_bytes += host.numel() * host.element_size()
+            except RuntimeError:
+                host = torch.empty(t.shape, dtype=t.dtype)
+            self._host[key] = host
+        host.copy_(t, non_blocking=True)
+        return host
+
+    @staticmethod
+    def take(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A device copy of a stashed tensor (asynchronous; the host buffer stays for the next offload)."""
+        out = torch.empty(host.shape, dtype=host.dtype, device=device)
+        out.copy_(host, non_blocking=True)
+        return out
+
+
+def offload_to_cpu(model: list, optimizer, stash: HostStash) -> None:
     """Free accelerator memory between training phases (colocated rollouts).
 
     Moves DDP param/grad buffers (megatron's ``offload_to_cpu`` on each buffer; params live in
     the buffers under the distributed optimizer, otherwise they move one by one) and the
-    optimizer's fp32 main params and Adam moments. A no-op without CUDA.
+    optimizer's fp32 main params and Adam moments, into `stash`'s pinned buffers. A no-op without CUDA.
 
     Why not ``MegatronOptimizer.offload_to_cpu``: for a parameter the model itself holds in fp32 (GDN's
     ``A_log``), the distributed optimizer's main param is a view into the DDP param buffer; megatron's own
@@ -178,16 +212,17 @@ def offload_to_cpu(model: list, optimizer) -> None:
         return
     torch.cuda.synchronize()
     in_buffers = _buffer_storages(model)
-    _move_optimizer_state(optimizer, torch.device("cpu"), skip=in_buffers)
+    _move_optimizer_state(optimizer, stash, None, skip=in_buffers)
     for buf in _buffers(model):
         buf.offload_to_cpu(move_params=buf.param_data is not None, move_grads=True)
         if buf.param_data is None:
             for p in buf.params:
-                p.data = p.data.to("cpu")
+                p.data = stash.put((id(p), "data"), p.data)
+    torch.cuda.synchronize()   # the copies read device memory that empty_cache hands back
     torch.cuda.empty_cache()
 
 
-def restore_from_cpu(model: list, optimizer) -> None:
+def restore_from_cpu(model: list, optimizer, stash: HostStash) -> None:
     if not torch.cuda.is_available():
         return
     device = torch.device("cuda", torch.cuda.current_device())
@@ -195,8 +230,8 @@ def restore_from_cpu(model: list, optimizer) -> None:
         buf.reload_from_cpu(move_params=buf.param_data is not None, move_grads=True)
         if buf.param_data is None:
             for p in buf.params:
-                p.data = p.data.to(device)
-    _move_optimizer_state(optimizer, device, skip=_buffer_storages(model))
+                p.data = stash.take(p.data, device)
+    _move_optimizer_state(optimizer, stash, device, skip=_buffer_storages(model))
     torch.cuda.synchronize()
 
 
@@ -204,20 +239,26 @@ def _buffer_storages(model: list) -> set[int]:
     return {buf.param_data.untyped_storage().data_ptr() for buf in _buffers(model) if buf.param_data is not None}
 
 
-def _move_optimizer_state(optimizer, device: torch.device, skip: set[int]) -> None:
-    """Main params (except views into the storages in `skip`) and optimizer state tensors to `device`."""
+def _move_optimizer_state(optimizer, stash: HostStash, device: torch.device | None, skip: set[int]) -> None:
+    """Main params (except views into the storages in `skip`) and optimizer state tensors: into `stash`
+    (``device=None``) or back onto `device`."""
+    def move(key: tuple, t: torch.Tensor) -> torch.Tensor:
+        if device is None:
+            return stash.put(key, t) if t.device.type != "cpu" else t
+        return stash.take(t, device) if t.device != device else t
+
     for megatron_opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(megatron_opt, "optimizer", None)
         if inner is None or getattr(megatron_opt, "is_stub_optimizer", False):
             continue
         for group in inner.param_groups:
             for p in group["params"]:
-                if p.device != device and p.untyped_storage().data_ptr() not in skip:
-                    p.data = p.data.to(device)
-        for state in inner.state.values():
+                if p.untyped_storage().data_ptr() not in skip:
+                    p.data = move((id(p), "data"), p.data)
+        for owner, state in inner.state.items():
             for k, v in state.items():
-                if torch.is_tensor(v) and v.device != device:
-                    state[k] = v.to(device)
+                if torch.is_tensor(v):
+                    state[k] = move((id(owner), k), v)
 
 
 def _buffers(model: list):

@@ -20,6 +20,8 @@ import concurrent.futures
 import logging
 import os
 
+from megatron_rl.observability import PhaseTimer
+
 from .handles import local_handle, resolve
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class Cluster:
             bucket_bytes=cfg.rollout.sync_bucket_mb << 20, sglang_native=cfg.rollout.engine == "sglang")
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-async")
         self._pending: tuple[int, concurrent.futures.Future] | None = None
+        self._offload: bool | None = None     # see offload_actor
         self.placement = None
         world = c.actor_world_size
         if self.ray_mode:
@@ -97,21 +100,48 @@ class Cluster:
         return start, history
 
     # ---- one step
-    def rollout(self, step: int):
+    def rollout(self, step: int, timer=None):
         """This step's `RolloutResult`. With async rollouts it was started during the previous step's training
-        (one step off-policy), and the next one starts now."""
+        (one step off-policy), and the next one starts now. `timer` (a `PhaseTimer`) gets the phases:
+        ``rollout``, and for a colocated actor that leaves the GPU to the engines ``offload`` / ``onload``."""
+        timer = timer or PhaseTimer()
         if not self.cfg.cluster.async_rollout:
-            if self.colocated:
-                self.train.offload()
-                resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
-            out = resolve(self.rollout_mgr.generate.remote(step))
-            if self.colocated:
-                resolve(self.rollout_mgr.release_memory.remote(["kv_cache", "weights"]))
-                self.train.onload()
+            offload = self.colocated and self.offload_actor()
+            if offload:
+                with timer("offload"):
+                    self.train.offload()
+            with timer("rollout"):
+                if self.colocated:
+                    resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
+                out = resolve(self.rollout_mgr.generate.remote(step))
+                if self.colocated:
+                    resolve(self.rollout_mgr.release_memory.remote(["kv_cache", "weights"]))
+            if offload:
+                with timer("onload"):
+                    self.train.onload()
             return out
-        out = (self._pending[1] if self._pending and self._pending[0] == step else self._submit(step)).result()
+        with timer("rollout"):
+            out = (self._pending[1] if self._pending and self._pending[0] == step else self._submit(step)).result()
         self._pending = (step + 1, self._submit(step + 1)) if step + 1 < self.cfg.train.steps else None
         return out
+
+    def offload_actor(self) -> bool:
+        """Whether the colocated actor leaves the GPU during rollouts: ``cluster.offload_actor``, or when that is
+        unset, whether the engines' cache for a step's requests would not fit in the memory the resident
+        actor leaves (decided once, at the first rollout; SGLang engines take a static share: always)."""
+        if self._offload is None:
+            choice = self.cfg.cluster.offload_actor
+            if choice is not None:
+                self._offload = bool(choice)
+            elif not self.use_gpu or self.cfg.rollout.engine != "embedded":
+                self._offload = self.use_gpu
+            else:
+                free, need = self.train.min_free_device_bytes(), rollout_cache_need(self.cfg, self.model_dir)
+                self._offload = free < need
+                print(f"[run] actor offload during rollouts: {'on' if self._offload else 'off'} (the engines' "
+                      f"cache needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free beside the actor; "
+                      f"cluster.offload_actor sets it)", flush=True)
+        return self._offload
 
     def _submit(self, step: int) -> concurrent.futures.Future:
         return self._pool.submit(lambda: resolve(self.rollout_mgr.generate.remote(step)))
@@ -170,3 +200,30 @@ def _repo_root():
 
 
 __all__ = ["Cluster", "ray_mode", "start_ray"]
+
+
+def rollout_cache_need(cfg, model_dir: str) -> int:
+    """Device bytes one colocated embedded engine wants for a step's requests: their cache (`plan.rollout_
+    cache_bytes` at the longest context a turn may reach) over the share of free memory the engine's cache may
+    take (``kv_cache_fraction``)."""
+    import json
+
+    from megatron_rl.plan import rollout_cache_bytes, shape_from_hf
+    from megatron_rl.rollout.embedded_engine import EmbeddedEngineConfig
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hf = json.load(f)
+    shape = shape_from_hf(hf, model_dir)
+    a, r = cfg.agent, cfg.rollout
+    server = dict(r.sglang)
+    in_flight = min(a.max_concurrency, cfg.data.prompts_per_step * a.group_size)
+    per_engine = min(-(-in_flight // max(1, r.num_engines)),
+                     int(server.get("max_running_requests", EmbeddedEngineConfig.max_batch_size)))
+    # a turn's prompt holds the earlier turns: the prompt bound plus every turn's response, within the context
+    bounds = [a.max_context_tokens, (hf.get("text_config") or hf).get("max_position_embeddings")]
+    if a.max_prompt_tokens is not None:
+        bounds.append(a.max_prompt_tokens + a.max_turns * a.sampling.max_new_tokens)
+    tokens = min(int(b) for b in bounds if b)
+    dtype_bytes = 4 if r.engine_dtype in ("float32", "fp32") else 2
+    fraction = float(server.get("kv_cache_fraction", EmbeddedEngineConfig.kv_cache_fraction))
+    return int(rollout_cache_bytes(shape, per_engine, tokens, dtype_bytes) / fraction)

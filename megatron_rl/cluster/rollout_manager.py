@@ -242,6 +242,7 @@ class RolloutManager:
                 self.agent.record_failed_group(self.bdr, group, step=step)
 
         self.ensure_engines()
+        engine_before = self._engine_stats()
         out = self.loop.run(self.agent.rollout_batch(self.source.requests(step, max_turns), cfg.data.prompts_per_step,
                                                      on_group=on_group))
         # requests the batch did not use, and groups that could not be scored, go back where they came from
@@ -251,6 +252,7 @@ class RolloutManager:
                         "turns/max": float(max_turns), "bdr/size": float(len(self.bdr)),
                         "bdr/returned": float(self.bdr.counters["returned"])})
         metrics.update({f"env/{k}": float(v) for k, v in self.env.stats().items() if _scalar(v)})
+        metrics.update(_engine_metrics(engine_before, self._engine_stats()))
         if not out.groups:
             log.warning("step %d: no scored groups (%s)", step, out.stats["groups_unscored"])
             return RolloutResult(samples=None, metrics=metrics)
@@ -260,6 +262,18 @@ class RolloutManager:
         metrics.update({"rollout/samples": float(len(samples)), "rollout/tokens": float(sum(map(len, samples))),
                         "rollout/seconds": time.perf_counter() - t0})
         return RolloutResult(samples=self._share(samples), metrics=metrics)
+
+    def _engine_stats(self) -> list[dict]:
+        """Each embedded engine's cumulative `EngineStats` (SGLang reports none: an empty list)."""
+        if self.cfg.rollout.engine != "embedded":
+            return []
+
+        async def query():
+            infos = await asyncio.gather(*(e.client.get_server_info() for e in self.engines.engines),
+                                         return_exceptions=True)
+            return [i.get("engine_stats", {}) if isinstance(i, dict) else {} for i in infos]
+
+        return self.loop.run(query())
 
     def _share(self, samples: list):
         """With Ray, the samples go into the object store owned by this actor; the train ranks fetch them."""
@@ -289,6 +303,22 @@ class RolloutManager:
         self.env.close()
         self.samples_log.close()
         self.loop.close()
+
+
+def _engine_metrics(before: list[dict], after: list[dict]) -> dict[str, float]:
+    """``engine/*`` metrics of one rollout from the engines' cumulative stats: seconds in prefill and in decode
+    steps (summed over engines), decode steps, and the mean running batch of a step."""
+    if not after or len(before) != len(after):
+        return {}
+    diff = {k: sum(a.get(k, 0) - b.get(k, 0) for a, b in zip(after, before)) for k in after[0]}
+    if not diff:
+        return {}
+    out = {f"engine/{k}": float(diff[k]) for k in ("prefill_s", "prefill_tokens", "decode_s", "decode_steps")
+           if k in diff}
+    if diff.get("decode_steps"):
+        out["engine/mean_batch"] = diff["decode_rows"] / diff["decode_steps"]
+        out["engine/decode_ms_per_step"] = 1e3 * diff["decode_s"] / diff["decode_steps"]
+    return out
 
 
 def _scalar(v) -> bool:

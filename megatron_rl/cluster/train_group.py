@@ -87,6 +87,16 @@ class TrainWorker:
     def ping(self) -> int:
         return self.rank
 
+    def free_device_bytes(self) -> int:
+        """Free memory of this rank's GPU (all processes on it counted) after returning our cached blocks;
+        0 without CUDA."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info()[0])
+
     def shutdown(self) -> None:
         from megatron_rl.parallel import destroy_parallel
 
@@ -157,6 +167,10 @@ class TrainGroup:
 
     def offload(self) -> None:
         call_all([w.offload.remote() for w in self.workers])
+
+    def min_free_device_bytes(self) -> int:
+        """The least free GPU memory over the ranks (each rank's GPU hosts a colocated engine)."""
+        return min(resolve([w.free_device_bytes.remote() for w in self.workers]))
 
     def onload(self) -> None:
         call_all([w.onload.remote() for w in self.workers])

@@ -95,6 +95,31 @@ class _StagedUpdate:
     tensors: dict[str, torch.Tensor]
 
 
+@dataclasses.dataclass
+class EngineStats:
+    """Cumulative work of the scheduler (reported by /get_server_info; a client takes differences): where a
+    rollout's generation time goes. Each figure is timed around a forward whose results reach the host, so the
+    device work is inside it."""
+    prefills: int = 0
+    prefill_requests: int = 0
+    prefill_tokens: int = 0          # prompt tokens (padding excluded)
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_rows: int = 0             # running requests summed over the steps (rows / steps = mean batch)
+    decode_s: float = 0.0
+
+    def prefilled(self, requests: list, seconds: float) -> None:
+        self.prefills += 1
+        self.prefill_requests += len(requests)
+        self.prefill_tokens += sum(len(r.prompt) for r in requests)
+        self.prefill_s += seconds
+
+    def decoded(self, rows: int, seconds: float) -> None:
+        self.decode_steps += 1
+        self.decode_rows += rows
+        self.decode_s += seconds
+
+
 #: the language model's prefix in multimodal HF checkpoints (``model.language_model.layers.0...``)
 _MULTIMODAL_LM_PREFIX = "model.language_model."
 
@@ -147,6 +172,7 @@ class EmbeddedEngine:
         self._staged_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._joinable: bool | None = None  # can requests join a running batch (decided on the first cache)
+        self.stats = EngineStats()
         self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,10 +214,11 @@ class EmbeddedEngine:
         return sorted(self._released)
 
     def decode_info(self) -> dict:
-        """Which decode path serves, and (slots) the cache and graph figures."""
+        """Which decode path serves, (slots) the cache and graph figures, and the cumulative `EngineStats`."""
+        stats = {"engine_stats": dataclasses.asdict(self.stats)}
         if self._slots is None:
-            return {"decode": "dynamic"}
-        return {"decode": "slots", **self._slots.info()}
+            return {"decode": "dynamic", **stats}
+        return {"decode": "slots", **self._slots.info(), **stats}
 
     def _in_flight(self) -> int:
         """Requests of the current wave not yet answered (lock held). A wave's requests are answered as they
@@ -581,6 +608,7 @@ class EmbeddedEngine:
     def _prefill_into_slots(self, joining: list[GenRequest]) -> None:
         from transformers import DynamicCache
 
+        t0 = time.perf_counter()
         ids, mask, pos = self._left_padded(joining)
         cache = DynamicCache(config=self.model.config)
         tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
@@ -592,9 +620,11 @@ class EmbeddedEngine:
                 # been released since, which frees the slots): it never takes a slot
                 if r.finish is None:
                     self._slots.add(r, cache, i, width - len(r.prompt), tokens[i], seeds[i])
+        self.stats.prefilled(joining, time.perf_counter() - t0)
 
     def _slot_decode_step(self) -> None:
         dec = self._slots
+        t0 = time.perf_counter()
         with self._model_lock:
             if "weights" in self._released:
                 raise EngineStateError("weights were released during generation")
@@ -604,6 +634,7 @@ class EmbeddedEngine:
             self._record(active, tokens, logprobs)
         else:   # the graph drew without filters; draw again with them, from the same logits and uniforms
             dec.ids[: len(active)] = self._sample_and_record(active, logits)
+        self.stats.decoded(len(active), time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ dynamic-cache decoding
 
@@ -623,9 +654,11 @@ class EmbeddedEngine:
         """Prefill `joining` (left-padded), sample their first token, and append them to `batch`."""
         from transformers import DynamicCache
 
+        t0 = time.perf_counter()
         ids, mask, pos = self._left_padded(joining)
         cache = DynamicCache(config=self.model.config)
         tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
+        self.stats.prefilled(joining, time.perf_counter() - t0)
         new = _Batch(cache=cache, mask=mask, step_ids=tokens.view(-1, 1), step_pos=pos[:, -1:] + 1,
                      active=list(joining))
         if batch is None or not batch.active:
@@ -634,10 +667,12 @@ class EmbeddedEngine:
         return batch
 
     def _decode_step(self, batch: "_Batch") -> None:
+        t0 = time.perf_counter()
         mask = torch.cat([batch.mask, torch.ones(len(batch.active), 1, dtype=batch.mask.dtype,
                                                  device=batch.mask.device)], dim=1)
         tokens = self._forward_and_sample(batch.active, batch.step_ids, mask, batch.step_pos, batch.cache)
         batch.mask, batch.step_ids, batch.step_pos = mask, tokens.view(-1, 1), batch.step_pos + 1
+        self.stats.decoded(len(batch.active), time.perf_counter() - t0)
 
     def _forward_and_sample(self, active: list[GenRequest], ids, mask, pos, cache) -> torch.Tensor:
         """One forward over `active` (prefill or a decode step); records each request's new token."""

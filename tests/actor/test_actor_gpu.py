@@ -43,18 +43,29 @@ def _gpu_checks():
     losses = [actor.train_step(samples, SFTLoss())["loss"] for _ in range(4)]
     assert losses[-1] < losses[0], losses
 
-    # offload/onload: device memory is released and everything comes back unchanged
+    # offload/onload, twice (the second reuses the pinned host buffers): device memory is released and the
+    # weights and the optimizer state come back bitwise
+    def optimizer_state():
+        inner = [o.optimizer for o in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer])]
+        return [t.detach().cpu().clone() for opt in inner for st in opt.state.values() for t in st.values()
+                if torch.is_tensor(t)]
+
     before = {n: t.clone() for n, t in actor.export_hf()}
-    torch.cuda.synchronize()
-    used = torch.cuda.memory_allocated()
-    actor.state_offload()
-    freed = used - torch.cuda.memory_allocated()
-    with pytest.raises(RuntimeError, match="offloaded"):
-        actor.compute_logprobs(samples)
-    actor.state_onload()
-    after = dict(actor.export_hf())
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    assert freed > 0.5 * sum(t.numel() * t.element_size() for t in before.values()), freed
+    state_before = optimizer_state()
+    assert state_before
+    for cycle in range(2):
+        torch.cuda.synchronize()
+        used = torch.cuda.memory_allocated()
+        actor.state_offload()
+        freed = used - torch.cuda.memory_allocated()
+        with pytest.raises(RuntimeError, match="offloaded"):
+            actor.compute_logprobs(samples)
+        actor.state_onload()
+        after = dict(actor.export_hf())
+        assert all(torch.equal(before[k], after[k]) for k in before), cycle
+        assert all(torch.equal(a, b) for a, b in zip(state_before, optimizer_state())), cycle
+        assert freed > 0.5 * sum(t.numel() * t.element_size() for t in before.values()), (cycle, freed)
+    assert actor._host_stash.pinned_bytes > 0
     m = actor.train_step(samples, SFTLoss())
     assert not m["skipped"] and m["loss"] < losses[0]
 

@@ -63,8 +63,15 @@ def test_slots_match_dynamic_and_a_full_forward_through_joins_leaves_and_moves(c
     kw = dict(max_batch_size=3, gather_ms=0)
     slots_engine = EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", **kw))
     slots = _generate(slots_engine, JOBS, stagger_s=0.01)
-    dynamic = _generate(EmbeddedEngine(model, EmbeddedEngineConfig(decode="dynamic", **kw)), JOBS, stagger_s=0.01)
+    dynamic_engine = EmbeddedEngine(model, EmbeddedEngineConfig(decode="dynamic", **kw))
+    dynamic = _generate(dynamic_engine, JOBS, stagger_s=0.01)
     assert slots_engine.decode_info()["decode"] == "slots"
+    # the engine's own accounting: every prompt prefilled once, every later token one decode row
+    for engine in (slots_engine, dynamic_engine):
+        st = engine.decode_info()["engine_stats"]
+        assert st["prefill_requests"] == len(JOBS) and st["prefill_tokens"] == sum(len(p) for p, _, _ in JOBS)
+        assert st["decode_rows"] == sum(n - 1 for _, n, _ in JOBS)
+        assert 0 < st["decode_steps"] <= st["decode_rows"] and st["decode_s"] > 0 and st["prefill_s"] > 0
     tol = 6e-4 if cfg is HYBRID else 1e-5
     for (prompt, n, _), a, b in zip(JOBS, slots, dynamic):
         assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == n
@@ -155,7 +162,7 @@ def test_decode_choice_is_validated():
     assert supports_slots(sliding) is not None
     with pytest.raises(ValueError, match="cannot serve this model"):
         EmbeddedEngine(sliding, EmbeddedEngineConfig(decode="slots"))
-    assert EmbeddedEngine(sliding, EmbeddedEngineConfig()).decode_info() == {"decode": "dynamic"}
+    assert EmbeddedEngine(sliding, EmbeddedEngineConfig()).decode_info()["decode"] == "dynamic"
 
 
 def test_grouped_decode_attention_equals_sdpa_with_repeated_kv():

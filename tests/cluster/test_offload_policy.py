@@ -1,0 +1,75 @@
+"""The colocated actor's offload: pinned host copies that round-trip bitwise and are reused, and the auto rule
+that keeps the actor on the GPU when the engines' cache for a step fits beside it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from megatron_rl import plan as P
+from megatron_rl.actor.optim import HostStash
+from megatron_rl.cluster import rollout_cache_need
+from megatron_rl.config import REPO_ROOT, load_config
+
+
+def test_host_stash_round_trips_bitwise_and_reuses_its_buffers():
+    stash = HostStash()
+    t = torch.randn(1000, dtype=torch.float32)
+    h = stash.put(("p", "exp_avg"), t)
+    assert torch.equal(h, t) and h.data_ptr() != t.data_ptr()
+    back = stash.take(h, torch.device("cpu"))
+    assert torch.equal(back, t) and back.data_ptr() != h.data_ptr()
+    t2 = torch.randn(1000)
+    assert stash.put(("p", "exp_avg"), t2).data_ptr() == h.data_ptr()     # refilled in place
+    assert torch.equal(h, t2)
+    other = stash.put(("p", "exp_avg"), torch.zeros(3, dtype=torch.bfloat16))   # a new shape: a new buffer
+    assert other.dtype == torch.bfloat16 and other.shape == (3,)
+
+
+def test_rollout_cache_bytes_counts_kv_per_token_and_the_gdn_state_per_request():
+    dense = P.known_shape("qwen3-8b")
+    per_token = 2 * 36 * 8 * 128 * 2
+    assert P.rollout_cache_bytes(dense, 16, 1000) == 16 * 1000 * per_token
+    assert P.rollout_cache_bytes(dense, 16, 1000, dtype_bytes=4) == 2 * 16 * 1000 * per_token
+    hybrid = P.known_shape("qwen3.5-9b")
+    assert P.rollout_cache_bytes(hybrid, 2, 0) == 2 * hybrid.gdn_state_bytes() > 0
+
+
+def _cfg(tmp_path, hf: dict, overrides: list[str]):
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    return load_config(str(REPO_ROOT / "configs" / "quickstart.yaml"), overrides)
+
+
+def test_cache_need_follows_the_step_the_context_and_the_engine_share(tmp_path):
+    hf = {**P.KNOWN_SHAPES["qwen3-8b"], "max_position_embeddings": 40960}
+    base = ["data.prompts_per_step=4", "agent.group_size=4", "agent.max_concurrency=64", "agent.max_turns=1",
+            "agent.sampling.max_new_tokens=256", "agent.max_prompt_tokens=8192", "rollout.engine_dtype=bfloat16"]
+    per_token = P.known_shape("qwen3-8b").kv_bytes_per_token()
+    need = rollout_cache_need(_cfg(tmp_path, hf, base), str(tmp_path))
+    assert need == pytest.approx(16 * (8192 + 256) * per_token / 0.6, rel=1e-9)
+    # two engines split the requests; a larger cache share needs less free memory
+    two = rollout_cache_need(_cfg(tmp_path, hf, base + ["rollout.num_engines=2",
+                                                        "rollout.sglang.kv_cache_fraction=0.9"]), str(tmp_path))
+    assert two == pytest.approx(8 * (8192 + 256) * per_token / 0.9, rel=1e-9)
+    # the model's context bounds a turn; the engine's max running requests bound the batch
+    long = ["agent.sampling.max_new_tokens=100000", "agent.max_concurrency=100", "data.prompts_per_step=64"]
+    cfg = _cfg(tmp_path, hf, base + long)
+    bound = min(cfg.agent.max_context_tokens, 40960)    # the agent's bound (the config resolves it) or the model's
+    assert rollout_cache_need(cfg, str(tmp_path)) == pytest.approx(32 * bound * per_token / 0.6, rel=1e-9)
+    need = rollout_cache_need(_cfg(tmp_path, hf, base + long + ["agent.max_context_tokens=12000"]), str(tmp_path))
+    assert need == pytest.approx(32 * 12000 * per_token / 0.6, rel=1e-9)
+
+
+def test_engine_metrics_are_one_rollouts_differences_summed_over_engines():
+    from megatron_rl.cluster.rollout_manager import _engine_metrics
+
+    before = [{"prefill_s": 1.0, "prefill_tokens": 100, "decode_s": 2.0, "decode_steps": 10, "decode_rows": 40},
+              {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_steps": 0, "decode_rows": 0}]
+    after = [{"prefill_s": 1.5, "prefill_tokens": 300, "decode_s": 3.0, "decode_steps": 20, "decode_rows": 80},
+             {"prefill_s": 0.5, "prefill_tokens": 50, "decode_s": 1.0, "decode_steps": 10, "decode_rows": 20}]
+    m = _engine_metrics(before, after)
+    assert m["engine/prefill_s"] == pytest.approx(1.0) and m["engine/prefill_tokens"] == 250
+    assert m["engine/decode_steps"] == 20 and m["engine/mean_batch"] == pytest.approx(3.0)
+    assert m["engine/decode_ms_per_step"] == pytest.approx(100.0)
+    assert _engine_metrics([], []) == {} and _engine_metrics(before, after[:1]) == {}   # SGLang / a lost engine
