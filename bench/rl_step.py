@@ -75,8 +75,8 @@ def main() -> int:
         f"agent.sampling.max_new_tokens={args.max_new if gpu else 16}",
         f"agent.max_concurrency={args.prompts * args.group}", "agent.max_turns=1",
         f"actor.params_dtype={'bfloat16' if gpu else 'float32'}", f"rollout.engine_dtype={'bfloat16' if gpu else 'float32'}",
-        f"kernel_backend={'cuda' if gpu else 'cpu'}",
-        "actor.max_tokens_per_gpu=16384", "train.save_interval=0",
+        f"kernel_backend={'cuda' if gpu else 'cpu'}", f"farm.compile_workers={max(1, (os.cpu_count() or 2) // 2)}",
+        "actor.max_tokens_per_gpu=16384", "train.save_interval=0", "train.save_final=false",
         f"cluster.offload_actor={ {'auto': 'null', 'on': 'true', 'off': 'false'}[args.offload_actor] }",
         *(["data.size_profile=gpu"] if gpu else []), *shape,
     ]

@@ -134,7 +134,7 @@ def run(cfg, resume: bool = False) -> dict:
 
 
 def _save_due(t, iteration: int) -> bool:
-    return iteration == t.steps or bool(t.save_interval and iteration % t.save_interval == 0)
+    return (iteration == t.steps and t.save_final) or bool(t.save_interval and iteration % t.save_interval == 0)
 
 
 def _report_failure(step: int, failed: int, limit: int, empty: bool) -> None:
@@ -151,7 +151,7 @@ def _summary(rewards: list, steps_done: int, t_start: float, cfg) -> dict:
             "reward_first": rewards[0] if rewards else None, "reward_last": rewards[-1] if rewards else None,
             "reward_max": max(rewards) if rewards else None,
             "wall_seconds": round(time.perf_counter() - t_start, 2), "log_dir": str(cfg.run_dir),
-            "checkpoint": str(cfg.ckpt_root)}
+            "checkpoint": str(cfg.ckpt_root) if cfg.train.save_final or cfg.train.save_interval else None}
 
 
 def main(argv: list[str] | None = None) -> int:
