@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.common import emit_json  # noqa: E402
+from megatron_rl.fsutil import write_text_atomic  # noqa: E402
 NEMO_RL_TOKS_PER_GPU = 1581.0
 
 
@@ -46,6 +47,7 @@ def main() -> int:
     ap.add_argument("--no-farm-share", action="store_true", help="skip verifying a step's worth of correct kernels")
     ap.add_argument("--offload-actor", choices=("auto", "on", "off"), default="auto",
                     help="cluster.offload_actor (auto: only when the engine's cache would not fit beside the actor)")
+    ap.add_argument("--log-dir", default=None, help="the run's logs, metrics and engine logs (default: a temp dir)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -54,7 +56,7 @@ def main() -> int:
     from megatron_rl.config import load_config
     from megatron_rl.train import run
 
-    log_dir = tempfile.mkdtemp(prefix="rl-step-")
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="rl-step-")
     gpu = torch.cuda.is_available() and not args.cpu_smoke
     if not gpu:
         shape = [f"model.tiny.arch={'qwen3' if args.arch == 'dense' else 'qwen3_5'}"]
@@ -104,6 +106,11 @@ def main() -> int:
         "summary": summary, "command": " ".join(sys.argv),
     }
     if not args.no_farm_share:
+        # the steps' figures are written first: the farm measurement compiles kernels and may be cut short
+        if args.out:
+            write_text_atomic(args.out, json.dumps({**result, "farm_correct_kernels": "not finished"}, indent=2,
+                                                   default=str) + "\n")
+        print(f"[rl_step] verifying {args.prompts * args.group} correct kernels on the farm", flush=True)
         farm = farm_on_correct_kernels(cfg, args.prompts * args.group)
         farm["share_of_step"] = farm["wall_s"] / (step_s + farm["wall_s"])
         result["farm_correct_kernels"] = farm

@@ -156,6 +156,10 @@ class RunLogger:
             return fmt.format(v) if _finite(v) else "-"
 
         phase = " ".join(f"{k}={v:.1f}s" for k, v in phases.items())
+        if _finite(s.get("engine/decode_s")) and _finite(s.get("engine/decode_ms_per_step")):
+            # the embedded engines' share of the rollout: decode seconds, ms per step, mean running batch
+            phase += (f" (decode={s['engine/decode_s']:.1f}s, {s['engine/decode_ms_per_step']:.1f}ms/step, "
+                      f"batch={f('engine/mean_batch', '{:.1f}')})")
         return (f"[step {step + 1}/{total}] reward={f('reward/mean')} pass={f('pass_rate/any_turn', '{:.2f}')} "
                 f"speedup={f('speedup/geomean', '{:.2f}')} loss={f('train/loss', '{:.4f}')} "
                 f"kl={f('train/ppo_kl', '{:.2e}')} grad={f('train/grad_norm', '{:.3f}')} "
