@@ -231,13 +231,15 @@ SAMPLE_BLOCK = 64   # entries of one sampled block (256 contiguous bytes of floa
 
 def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
     """Flat indices (int64, host, sorted) of a random sample of about ``k`` of ``numel`` entries, or None when
-    ``numel <= k`` (every entry is compared). Blocks of ``SAMPLE_BLOCK`` consecutive entries at random block
-    positions, plus the first and the last block (where off-by-one bounds fail), drawn on the host from
+    ``numel <= max(k, 3 * SAMPLE_BLOCK)`` (every entry is compared). Blocks of ``SAMPLE_BLOCK`` consecutive
+    entries at random block positions, plus the first and the last block (where off-by-one bounds fail), drawn on the host from
     ``seed`` alone: the parent and the child compute the same indices. The parent picks the seed only after
     the call whose output is sampled has returned, so no kernel can know which entries are compared."""
-    if numel <= k:
+    if numel <= max(k, 3 * SAMPLE_BLOCK):
         return None
-    block = min(SAMPLE_BLOCK, max(1, k // 4))
+    # whole blocks even for a small k: the commitment checks aligned blocks of COMMIT_BLOCK entries only, so a
+    # shorter block would leave every sampled entry unchecked by it (a small k then samples a little more)
+    block = SAMPLE_BLOCK
     gen = torch.Generator().manual_seed(int(seed) % (1 << 63))
     starts = torch.randint(0, numel // block, (max(k // block - 2, 1),), generator=gen) * block
     starts = torch.cat([torch.tensor([0, numel - block]), starts]).unique()   # sorted
@@ -257,7 +259,9 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
 # enough to run after every timed batch (not done).
 
 COMMIT_BLOCK = 64
-_COMMIT_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}   # entry bits by entry size
+_COMMIT_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}   # by entry size
+# a 16-byte entry (complex128) is two int64 words, folded into one per entry with this odd multiplier
+_PAIR_KEY = 0x2545F4914F6CDD1D
 _COMMIT_KEYS = torch.randint(-(2**62), 2**62, (COMMIT_BLOCK,), generator=torch.Generator().manual_seed(0x5EED),
                              dtype=torch.int64) | 1   # fixed odd keys: any change of one entry changes its digest
 
@@ -267,9 +271,12 @@ def committable(t: torch.Tensor) -> bool:
 
 
 def _entry_bits(flat: torch.Tensor) -> torch.Tensor:
-    """The entries' raw bits as integers of the same size (a view: no copy)."""
+    """The entries' raw bits as integers of the same size (a view: no copy); 16-byte entries as rows of two
+    int64 words."""
     if flat.dtype == torch.bool:
         return flat.view(torch.uint8)
+    if flat.element_size() == 16:
+        return flat.view(torch.int64).view(-1, 2)
     return flat.view(_COMMIT_WORDS[flat.element_size()])
 
 
@@ -280,8 +287,10 @@ def block_digests(t: torch.Tensor, chunk: int = 1 << 24) -> torch.Tensor:
     keys = _COMMIT_KEYS.to(bits.device)
     chunk -= chunk % COMMIT_BLOCK
     parts = []
-    for start in range(0, bits.numel(), chunk):
+    for start in range(0, bits.shape[0], chunk):
         part = bits[start:start + chunk].to(torch.int64)
+        if part.dim() == 2:   # 16-byte entries
+            part = part[:, 0] * _PAIR_KEY + part[:, 1]
         pad = (-part.numel()) % COMMIT_BLOCK
         if pad:
             part = torch.cat([part, part.new_zeros(pad)])

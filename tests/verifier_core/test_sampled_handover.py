@@ -28,6 +28,22 @@ def test_sample_indices_are_reproducible_sorted_blocks_with_both_ends():
     assert a[0] == 0 and a[-1] == 9_999 and bool((a[1:] > a[:-1]).all())
     assert 128 <= a.numel() <= 256
     assert sample_index(256, 256, 1) is None   # small outputs: every entry
+    assert sample_index(150, 16, 1) is None    # below three blocks, whatever k
+
+
+def test_a_small_sample_budget_still_samples_whole_committed_blocks():
+    """output_sample_elements below 256 used to shrink the sampled blocks below COMMIT_BLOCK, so that no sampled
+    entry was covered by the commitment: a fix-up of the sample went unseen."""
+    from verifier.correctness import COMMIT_BLOCK, block_digests, uncommitted_entry
+
+    out = torch.randn(10_000)
+    for k in (1, 16, 100):
+        idx = sample_index(out.numel(), k, 5)
+        rows = idx.view(-1, COMMIT_BLOCK)
+        assert bool((rows[:, 1:] - rows[:, :-1] == 1).all()) and rows.shape[0] >= 3
+        fixed = out.clone()
+        fixed[idx[COMMIT_BLOCK + 3]] += 1.0     # inside the first random (aligned) block
+        assert uncommitted_entry(fixed[idx], idx, out.numel(), block_digests(out)) is not None, k
 
 
 @pytest.mark.slow
@@ -154,4 +170,27 @@ def test_a_commitment_catches_a_changed_block_and_nothing_else():
     # nor one of another dtype (a child's re-viewed digests must not crash the parent's comparison)
     assert uncommitted_entry(out[idx], idx, out.numel(), digests.view(torch.float64)) is not None
     # the same digests on any device and chunking (the child digests on its device, the parent on the host)
+    assert torch.equal(block_digests(out, chunk=640), digests)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex128, torch.complex64, torch.float64, torch.bfloat16, torch.bool,
+                                   torch.int8])
+def test_every_output_dtype_is_committed_and_a_change_in_either_half_of_a_complex_entry_is_caught(dtype):
+    """An output the child cannot commit to is flagged as a fix-up by the parent: every dtype must be committable
+    (complex128, 16 bytes an entry, was not: an honest complex128 output was judged cheating)."""
+    from verifier.correctness import block_digests, committable, uncommitted_entry
+
+    out = (torch.randn(5_000, dtype=torch.float64) * 4).to(dtype) if not dtype.is_complex else \
+        torch.randn(5_000, dtype=dtype)
+    assert committable(out)
+    digests = block_digests(out)
+    assert digests.shape == (-(-out.numel() // 64),) and digests.dtype == torch.int64
+    idx = sample_index(out.numel(), 512, 11)
+    assert uncommitted_entry(out[idx], idx, out.numel(), digests) is None
+    changes = [1j, 1.0] if dtype.is_complex else [1]
+    for delta in changes:
+        fixed = out.clone()
+        j = int(idx[100])
+        fixed[j] = (~fixed[j]) if dtype == torch.bool else fixed[j] + torch.tensor(delta).to(dtype)
+        assert uncommitted_entry(fixed[idx], idx, out.numel(), digests) == j // 64 * 64, delta
     assert torch.equal(block_digests(out, chunk=640), digests)
