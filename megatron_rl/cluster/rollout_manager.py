@@ -185,6 +185,8 @@ class RolloutManager:
             scfg = SGLangServerConfig(
                 model_path=self.model_dir, launch_module="megatron_rl.rollout.embedded_server",
                 log_dir=log_dir, startup_timeout_s=r.startup_timeout_s,
+                # the start-up request builds kernels and the first decode graph before the first rollout
+                skip_server_warmup=False,
                 cuda_visible_devices=str(gpu) if gpu is not None else ("" if not self.use_gpu else None),
                 server_args={"dtype": r.engine_dtype, "device": "cuda" if self.use_gpu else "cpu",
                              "random_seed": self.cfg.seed, **dict(r.sglang)},

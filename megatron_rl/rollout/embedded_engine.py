@@ -182,6 +182,32 @@ class EmbeddedEngine:
             self._thread = threading.Thread(target=self._loop, name="embedded-engine", daemon=True)
             self._thread.start()
 
+    def warm_up(self, timeout_s: float = 600.0, prompt_tokens: int = 16, new_tokens: int = 4) -> float:
+        """Serve one short request before taking traffic, as SGLang's server does at start-up: the first use of
+        each path builds what it needs (Triton kernels of fla's GDN ops, compiled on first call; the decode
+        graph of batch 1; the slot buffers), which would otherwise land inside the first rollout. Seeded and
+        greedy, so the engine's own seed stream is untouched. Returns its seconds; raises if it fails."""
+        self.start()
+        done = threading.Event()
+        out: dict = {}
+
+        def finished(o: dict) -> None:
+            out.update(o)
+            done.set()
+
+        sampling = RequestSampling(temperature=0.0, top_p=1.0, top_k=-1, min_p=0.0, max_new_tokens=new_tokens,
+                                   stop_token_ids=frozenset(), stop_strings=(), ignore_eos=True, seed=0)
+        length = min(prompt_tokens, self.context_length - new_tokens - 1)
+        prompt = [(7 + 13 * i) % self.vocab_size for i in range(length)]
+        t0 = time.perf_counter()
+        self.submit(self.new_request(prompt, sampling, return_logprob=False, on_done=finished, rid="warmup"))
+        if not done.wait(timeout_s):
+            raise EngineStateError(f"warm-up request did not finish within {timeout_s:.0f} s")
+        reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+        if reason.get("type") == "abort":
+            raise EngineStateError(f"warm-up request failed: {reason.get('message')}")
+        return time.perf_counter() - t0
+
     def shutdown(self) -> None:
         with self._cv:
             self._stop = True

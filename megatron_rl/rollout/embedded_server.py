@@ -617,7 +617,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     # SGLang flags that have no meaning here; accepted so SGLang launch commands run unchanged.
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--enable-memory-saver", action="store_true")
-    p.add_argument("--skip-server-warmup", action="store_true")
+    p.add_argument("--skip-server-warmup", action="store_true",
+                   help="serve without the start-up request that builds kernels and the first decode graph")
     return p
 
 
@@ -686,6 +687,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: cannot bind {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
+    if not args.skip_server_warmup:
+        try:
+            log.info("warm-up request served in %.1f s", engine.warm_up())
+        except EngineStateError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     EmbeddedServer(engine, host=args.host, port=args.port, shm_dir=args.shm_dir).serve_forever()
     return 0
 

@@ -238,3 +238,29 @@ def test_a_longer_request_that_would_shrink_the_slots_below_a_chunk_waits_for_ro
         assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == n, out["meta_info"]
         lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
         assert max(abs(x - y) for x, y in zip(reference_logprobs(model, prompt, out["output_ids"]), lps)) < 3e-5
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_warm_up_serves_one_request_and_leaves_the_seed_stream_alone(cfg):
+    """The server's start-up request (SGLang's warm-up): one prefill and a few decode steps, through the path
+    the engine serves with; a seeded engine then answers exactly as one that was never warmed up."""
+    model = _model(cfg)
+    warm = EmbeddedEngine(model, EmbeddedEngineConfig(seed=7, gather_ms=0))
+    assert warm.warm_up(timeout_s=120) > 0
+    st = warm.decode_info()["engine_stats"]
+    assert st["prefill_requests"] == 1 and st["decode_rows"] == 3
+    cold = EmbeddedEngine(model, EmbeddedEngineConfig(seed=7, gather_ms=0))
+
+    def unseeded(engine):
+        outs, ev = {}, threading.Event()
+        sampling = _sampling(6, None)
+        engine.start()
+        try:
+            engine.submit(engine.new_request([3, 1, 4, 1, 5], sampling, return_logprob=True,
+                                             on_done=lambda o: (outs.update(o), ev.set())))
+            assert ev.wait(120)
+        finally:
+            engine.shutdown()
+        return outs["output_ids"]
+
+    assert unseeded(warm) == unseeded(cold)
