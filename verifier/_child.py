@@ -253,12 +253,22 @@ def _write_safetensors(fd: int, tensors: dict) -> None:
     (safetensors' own writer renames a temp file next to its target, which a memfd does not have)."""
     import torch
     from safetensors.torch import _TYPES
+
+    from verifier.correctness import COMPLEX128_KEYS
     names = {dtype: name for name, dtype in _TYPES.items()}
-    header, offset = {}, 0
+    header, offset, pairs = {}, 0, []
     for key, t in tensors.items():
         size = t.numel() * t.element_size()
-        header[key] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        if t.dtype == torch.complex128:   # no safetensors dtype: its bytes as float64 (re, im) pairs
+            pairs.append(key)
+            header[key] = {"dtype": "F64", "shape": list(t.shape) + [2], "data_offsets": [offset, offset + size]}
+        elif t.dtype in names:
+            header[key] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        else:
+            raise TypeError(f"output {key} has dtype {t.dtype}, which the verifier cannot hand over")
         offset += size
+    if pairs:
+        header["__metadata__"] = {COMPLEX128_KEYS: ",".join(pairs)}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     head = len(text).to_bytes(8, "little") + text
@@ -593,8 +603,9 @@ class DeviceSession:
     # -- helpers --------------------------------------------------------------------------------
     def _save(self, out, sample: tuple[int, int] | None = None) -> dict:
         """Hand ``out`` over in a sealed memfd. With ``sample`` (seed, k: sent by the parent after the call
-        returned) a tensor of more than k entries travels as the entries ``correctness.sample_index`` picks
-        (its full shape in ``shapes``), gathered on its device: a few MB instead of gigabytes."""
+        returned) a tensor that ``correctness.sample_index`` samples (more than max(k, 192) entries) travels as
+        the entries it picks (its full shape in ``shapes``), gathered on its device: a few MB instead of
+        gigabytes."""
         from verifier.correctness import flatten_outputs, sample_index
         leaves, spec = flatten_outputs(out)
         tensors, values, types, shapes = {}, {}, [], {}

@@ -258,6 +258,10 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
 # committed digest. A non-linear per-block hash would close that; at full KernelBench sizes it must stay cheap
 # enough to run after every timed batch (not done).
 
+#: safetensors metadata key of a handover naming the outputs written as float64 (re, im) pairs (safetensors has no
+#: complex128 dtype); the child writes them so, the parent reads them back as complex128
+COMPLEX128_KEYS = "complex128"
+
 COMMIT_BLOCK = 64
 _COMMIT_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}   # by entry size
 # a 16-byte entry (complex128) is two int64 words, folded into one per entry with this odd multiplier

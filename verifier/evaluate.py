@@ -44,9 +44,8 @@ from typing import Any
 from . import feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
-from .correctness import (_unravel, compare_outputs, flatten_outputs, same_structure, sample_index, spec_summary,
-                          uncommitted_entry,
-                          squared_error)
+from .correctness import (COMPLEX128_KEYS, _unravel, compare_outputs, flatten_outputs, same_structure, sample_index,
+                          spec_summary, squared_error, uncommitted_entry)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -353,7 +352,7 @@ class _DeviceStage:
 
     @staticmethod
     def _sample_view(ref_leaves: list, sample: tuple[int, int] | None) -> tuple[list, dict[int, Any]]:
-        """The reference leaves as a sampled handover carries them (a tensor of more than k entries becomes the
+        """The reference leaves as a sampled handover carries them (a tensor `sample_index` samples becomes the
         entries ``sample_index`` picks, drawn by this process from the seed it chose) and the picks by leaf."""
         import torch
         if sample is None:
@@ -481,7 +480,8 @@ class _DeviceStage:
             # (outputs of KernelBench-sized tasks are several GB).
             try:
                 with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
-                    tensors = {k: self._read_tensor(f, k, ref_leaves) for k in f.keys()}
+                    pairs = set(((f.metadata() or {}).get(COMPLEX128_KEYS) or "").split(","))
+                    tensors = {k: self._read_tensor(f, k, ref_leaves, k in pairs) for k in f.keys()}
             except _Verdict:
                 raise
             except MemoryError:
@@ -524,19 +524,23 @@ class _DeviceStage:
         return fd
 
     @staticmethod
-    def _read_tensor(f, key: str, ref_leaves: list):
+    def _read_tensor(f, key: str, ref_leaves: list, complex_pairs: bool = False):
         """One output tensor; one whose header (shape, dtype) already differs from the reference leaf at its
         position becomes an empty meta tensor of that shape and dtype (the comparison reports the difference),
-        so this process never materialises more than the reference's own outputs take."""
+        so this process never materialises more than the reference's own outputs take. ``complex_pairs``: the
+        child wrote a complex128 output as float64 (re, im) pairs (``correctness.COMPLEX128_KEYS``)."""
         import torch
         from safetensors.torch import _getdtype
         sl = f.get_slice(key)
         shape, dtype = list(sl.get_shape()), _getdtype(sl.get_dtype())
+        if complex_pairs and dtype == torch.float64 and shape and shape[-1] == 2:
+            shape, dtype = shape[:-1], torch.complex128
         index = int(key[3:]) if key.startswith("out") and key[3:].isdigit() else -1
         ref = ref_leaves[index] if 0 <= index < len(ref_leaves) else None
         if not isinstance(ref, torch.Tensor) or list(ref.shape) != shape or ref.dtype != dtype:
             return torch.empty(shape, dtype=dtype, device="meta")
-        return f.get_tensor(key)
+        t = f.get_tensor(key)
+        return torch.view_as_complex(t) if dtype == torch.complex128 else t
 
     @functools.cached_property
     def _spare_key(self) -> tuple:

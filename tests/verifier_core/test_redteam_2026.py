@@ -366,14 +366,31 @@ def test_the_childs_safetensors_writer_round_trips_through_a_memfd():
     from safetensors import safe_open
 
     from verifier._child import _write_safetensors
+    from verifier.correctness import COMPLEX128_KEYS
+    from verifier.evaluate import _DeviceStage
     tensors = {"out0": torch.randn(3, 5), "out1": torch.arange(7), "out2": torch.zeros(0),
-               "out3": torch.tensor([True, False]), "out4": torch.randn(4, dtype=torch.bfloat16)}
+               "out3": torch.tensor([True, False]), "out4": torch.randn(4, dtype=torch.bfloat16),
+               "out5": torch.randn(2, 3, dtype=torch.complex128), "out6": torch.randn(5, dtype=torch.complex64)}
     fd = os.memfd_create("verifier-out")
     try:
         _write_safetensors(fd, tensors)
         with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
             assert sorted(f.keys()) == sorted(tensors)
-            assert all(torch.equal(f.get_tensor(k), v) for k, v in tensors.items())
+            pairs = set(f.metadata()[COMPLEX128_KEYS].split(","))
+            assert pairs == {"out5"}
+            # the parent's reader gives every output back as it was, complex128 included
+            ref = list(tensors.values())
+            got = {k: _DeviceStage._read_tensor(f, k, ref, k in pairs) for k in f.keys()}
+            assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in tensors.items())
+            # a complex128 header that does not match the reference stays a header
+            assert _DeviceStage._read_tensor(f, "out5", [None] * 5 + [torch.zeros(3, 2, dtype=torch.complex128)],
+                                             True).is_meta
+    finally:
+        os.close(fd)
+    fd = os.memfd_create("verifier-out")
+    try:   # a dtype no format can carry is named
+        with pytest.raises(TypeError, match="complex32"):
+            _write_safetensors(fd, {"out0": torch.zeros(2, dtype=torch.complex32)})
     finally:
         os.close(fd)
 

@@ -194,3 +194,54 @@ def test_every_output_dtype_is_committed_and_a_change_in_either_half_of_a_comple
         fixed[j] = (~fixed[j]) if dtype == torch.bool else fixed[j] + torch.tensor(delta).to(dtype)
         assert uncommitted_entry(fixed[idx], idx, out.numel(), digests) == j // 64 * 64, delta
     assert torch.equal(block_digests(out, chunk=640), digests)
+
+
+COMPLEX_TASK = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.complex(x.double(), 2 * x.double())
+
+
+def get_inputs():
+    return [torch.randn(4096)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+COMPLEX_RESPONSE = '''```python
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+src = """
+torch::Tensor run(torch::Tensor x) {
+  auto y = torch::empty({x.numel()}, x.options().dtype(torch::kComplexDouble));
+  const float* p = x.data_ptr<float>();
+  c10::complex<double>* q = y.data_ptr<c10::complex<double>>();
+  for (int64_t i = 0; i < x.numel(); i++) q[i] = c10::complex<double>((double)p[i], 2.0 * (double)p[i]);
+  return y;
+}
+"""
+ext = load_inline(name="cplx_ext", cpp_sources=src, functions=["run"], extra_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.run(x.contiguous())
+```'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [{}, SAMPLED], ids=["full", "sampled"])
+def test_an_honest_complex128_output_passes_handed_over_in_full_and_sampled(make_cfg, tmp_path, overrides):
+    """safetensors has no complex128: the child hands such outputs over as float64 pairs, the parent reads them
+    back, and the sample's commitment covers 16-byte entries (before: a KeyError in the child, a runtime error)."""
+    path = tmp_path / "complex_task.py"
+    path.write_text(COMPLEX_TASK)
+    v = verify(load_task(str(path)), COMPLEX_RESPONSE, make_cfg(**overrides))
+    assert v.category == Category.PASS, v.feedback
