@@ -56,6 +56,8 @@ def main() -> int:
     from megatron_rl.config import load_config
     from megatron_rl.train import run
 
+    if args.log_dir and os.path.exists(os.path.join(args.log_dir, "metrics.jsonl")):
+        ap.error(f"--log-dir {args.log_dir} holds an earlier run (its steps would mix into the medians)")
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="rl-step-")
     gpu = torch.cuda.is_available() and not args.cpu_smoke
     if not gpu:

@@ -176,7 +176,7 @@ class DataConfig:
 @dataclasses.dataclass
 class TrainConfig:
     steps: int = 10
-    save_interval: int = 0               # 0: save only at the end
+    save_interval: int = 0               # every this many steps (0: none before the end)
     save_final: bool = True              # false: not even at the end (benchmarks; the run cannot be resumed)
     log_dir: str = "runs/${name}"
     ckpt_dir: str | None = None          # None: <log_dir>/ckpt

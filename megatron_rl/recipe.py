@@ -324,7 +324,8 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
         rl = rc.run("rl", ["-m", "megatron_rl.train", "--config", cfg.rl_config, "--model", exports["rft"],
                            f"data.tasks={train}", f"train.log_dir={rl_dir}", f"verifier.build_cache_dir={rc.cache}",
                            f"farm.result_cache_path={rc.verdicts}", f"farm.compile_workers={cfg.compile_workers}",
-                           f"agent.sampling.max_new_tokens={cfg.max_new_tokens}", *cfg.rl])
+                           f"agent.sampling.max_new_tokens={cfg.max_new_tokens}", *cfg.rl,
+                           "train.save_final=true"])   # the export below reads the final checkpoint
         final = root / "final_hf"
         if final.exists():
             shutil.rmtree(final)

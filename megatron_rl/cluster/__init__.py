@@ -57,7 +57,8 @@ class Cluster:
             bucket_bytes=cfg.rollout.sync_bucket_mb << 20, sglang_native=cfg.rollout.engine == "sglang")
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-async")
         self._pending: tuple[int, concurrent.futures.Future] | None = None
-        self._offload: bool | None = None     # see offload_actor
+        self._offload: bool | None = None     # the last rollout's choice (see offload_actor)
+        self._offload_need: int | None = None  # bytes the rollout needs beside the actor (-1: unknown)
         self.placement = None
         world = c.actor_world_size
         if self.ray_mode:
@@ -126,22 +127,30 @@ class Cluster:
         return out
 
     def offload_actor(self) -> bool:
-        """Whether the colocated actor leaves the GPU during rollouts: ``cluster.offload_actor``, or when that is
-        unset, whether the engines' cache for a step's requests would not fit in the memory the resident
-        actor leaves (decided once, at the first rollout; SGLang engines take a static share: always)."""
-        if self._offload is None:
-            choice = self.cfg.cluster.offload_actor
-            if choice is not None:
-                self._offload = bool(choice)
-            elif not self.use_gpu or self.cfg.rollout.engine != "embedded":
-                self._offload = self.use_gpu
-            else:
-                free, need = self.train.min_free_device_bytes(), rollout_cache_need(self.cfg, self.model_dir)
-                self._offload = free < need
-                print(f"[run] actor offload during rollouts: {'on' if self._offload else 'off'} (the engines' "
-                      f"cache needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free beside the actor; "
-                      f"cluster.offload_actor sets it)", flush=True)
-        return self._offload
+        """Whether the colocated actor leaves the GPU for this rollout: ``cluster.offload_actor``, or when that is
+        unset, whether the engines' cache for a step's requests plus the verifier farm's share of the GPU would
+        not fit in the memory the resident actor leaves. Measured before every rollout (the actor's optimizer
+        state appears at its first step; the measurement also returns the actor's cached blocks to the device),
+        so a run that outgrows the room switches to offloading. SGLang engines take a static share: always."""
+        choice = self.cfg.cluster.offload_actor
+        if choice is not None or not self.use_gpu or self.cfg.rollout.engine != "embedded":
+            return bool(choice) if choice is not None else self.use_gpu
+        if self._offload_need is None:
+            try:
+                self._offload_need = rollout_cache_need(self.cfg, self.model_dir) + farm_device_reserve(self.cfg)
+            except Exception as e:   # noqa: BLE001 - an estimate that cannot be made must not stop the run
+                log.warning("cannot estimate the engines' memory (%s); the actor offloads during rollouts", e)
+                self._offload_need = -1
+        if self._offload_need < 0:
+            return True
+        free = self.train.min_free_device_bytes()
+        offload = free < self._offload_need
+        if offload != self._offload:
+            print(f"[run] actor offload during rollouts: {'on' if offload else 'off'} (the engines' cache and the "
+                  f"farm need {self._offload_need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free beside the actor; "
+                  f"cluster.offload_actor sets it)", flush=True)
+        self._offload = offload
+        return offload
 
     def _submit(self, step: int) -> concurrent.futures.Future:
         return self._pool.submit(lambda: resolve(self.rollout_mgr.generate.remote(step)))
@@ -215,15 +224,25 @@ def rollout_cache_need(cfg, model_dir: str) -> int:
         hf = json.load(f)
     shape = shape_from_hf(hf, model_dir)
     a, r = cfg.agent, cfg.rollout
-    server = dict(r.sglang)
+    server = {k.replace("-", "_"): v for k, v in dict(r.sglang).items()}
     in_flight = min(a.max_concurrency, cfg.data.prompts_per_step * a.group_size)
-    per_engine = min(-(-in_flight // max(1, r.num_engines)),
-                     int(server.get("max_running_requests", EmbeddedEngineConfig.max_batch_size)))
+    if a.dynamic_sampling:   # over-drawn groups are in flight too
+        in_flight = min(a.max_concurrency, in_flight * (1 + a.max_oversample_rounds))
+    running = server.get("max_running_requests") or server.get("max_batch_size") or EmbeddedEngineConfig.max_batch_size
+    per_engine = min(-(-in_flight // max(1, r.num_engines)), int(running))
     # a turn's prompt holds the earlier turns: the prompt bound plus every turn's response, within the context
     bounds = [a.max_context_tokens, (hf.get("text_config") or hf).get("max_position_embeddings")]
     if a.max_prompt_tokens is not None:
         bounds.append(a.max_prompt_tokens + a.max_turns * a.sampling.max_new_tokens)
     tokens = min(int(b) for b in bounds if b)
     dtype_bytes = 4 if r.engine_dtype in ("float32", "fp32") else 2
-    fraction = float(server.get("kv_cache_fraction", EmbeddedEngineConfig.kv_cache_fraction))
+    fraction = float(server.get("kv_cache_fraction") or EmbeddedEngineConfig.kv_cache_fraction)
     return int(rollout_cache_bytes(shape, per_engine, tokens, dtype_bytes) / fraction)
+
+
+def farm_device_reserve(cfg) -> int:
+    """Device bytes the verifier farm's workers on one GPU may hold during a rollout (their candidates run on the
+    engines' GPUs): ``workers_per_device`` shares of ``shared_device_max_bytes``; none for the CPU verifier."""
+    if cfg.verifier.backend == "cpu":
+        return 0
+    return max(1, cfg.farm.workers_per_device) * int(cfg.verifier.shared_device_max_bytes)

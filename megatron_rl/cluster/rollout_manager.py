@@ -310,11 +310,13 @@ class RolloutManager:
 def _engine_metrics(before: list[dict], after: list[dict]) -> dict[str, float]:
     """``engine/*`` metrics of one rollout from the engines' cumulative stats: seconds in prefill and in decode
     steps (summed over engines), decode steps, and the mean running batch of a step."""
-    if not after or len(before) != len(after):
+    if len(before) != len(after):
         return {}
-    diff = {k: sum(a.get(k, 0) - b.get(k, 0) for a, b in zip(after, before)) for k in after[0]}
-    if not diff:
+    # an engine that did not answer either time (or was relaunched: its counters restarted) is left out
+    pairs = [(b, a) for b, a in zip(before, after) if b and a and all(a.get(k, 0) >= v for k, v in b.items())]
+    if not pairs:
         return {}
+    diff = {k: sum(a.get(k, 0) - b.get(k, 0) for b, a in pairs) for k in pairs[0][1]}
     out = {f"engine/{k}": float(diff[k]) for k in ("prefill_s", "prefill_tokens", "decode_s", "decode_steps")
            if k in diff}
     if diff.get("decode_steps"):

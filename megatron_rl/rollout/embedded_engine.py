@@ -187,6 +187,9 @@ class EmbeddedEngine:
         each path builds what it needs (Triton kernels of fla's GDN ops, compiled on first call; the decode
         graph of batch 1; the slot buffers), which would otherwise land inside the first rollout. Seeded and
         greedy, so the engine's own seed stream is untouched. Returns its seconds; raises if it fails."""
+        length = min(prompt_tokens, self.context_length - new_tokens - 1)
+        if length < 1:
+            return 0.0   # a context too small for any warm-up request: nothing to build ahead
         self.start()
         done = threading.Event()
         out: dict = {}
@@ -197,7 +200,6 @@ class EmbeddedEngine:
 
         sampling = RequestSampling(temperature=0.0, top_p=1.0, top_k=-1, min_p=0.0, max_new_tokens=new_tokens,
                                    stop_token_ids=frozenset(), stop_strings=(), ignore_eos=True, seed=0)
-        length = min(prompt_tokens, self.context_length - new_tokens - 1)
         prompt = [(7 + 13 * i) % self.vocab_size for i in range(length)]
         t0 = time.perf_counter()
         self.submit(self.new_request(prompt, sampling, return_logprob=False, on_done=finished, rid="warmup"))

@@ -690,8 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_server_warmup:
         try:
             log.info("warm-up request served in %.1f s", engine.warm_up())
-        except EngineStateError as e:
-            print(f"error: {e}", file=sys.stderr)
+        except (EngineStateError, ValueError) as e:
+            print(f"error: warm-up: {e}", file=sys.stderr)
             return 2
     EmbeddedServer(engine, host=args.host, port=args.port, shm_dir=args.shm_dir).serve_forever()
     return 0

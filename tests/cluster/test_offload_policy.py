@@ -73,3 +73,72 @@ def test_engine_metrics_are_one_rollouts_differences_summed_over_engines():
     assert m["engine/decode_steps"] == 20 and m["engine/mean_batch"] == pytest.approx(3.0)
     assert m["engine/decode_ms_per_step"] == pytest.approx(100.0)
     assert _engine_metrics([], []) == {} and _engine_metrics(before, after[:1]) == {}   # SGLang / a lost engine
+
+
+def test_cache_need_reads_null_and_aliased_engine_settings_and_counts_oversampled_groups(tmp_path):
+    hf = {**P.KNOWN_SHAPES["qwen3-8b"], "max_position_embeddings": 40960}
+    base = ["data.prompts_per_step=4", "agent.group_size=4", "agent.max_concurrency=64", "agent.max_turns=1",
+            "agent.sampling.max_new_tokens=256", "agent.max_prompt_tokens=8192", "rollout.engine_dtype=bfloat16"]
+    per_seq = (8192 + 256) * P.known_shape("qwen3-8b").kv_bytes_per_token()
+    # null passthrough values are the engine's defaults (args_to_flags drops them), not a crash
+    nulls = base + ["rollout.sglang.max_running_requests=null", "rollout.sglang.kv_cache_fraction=null"]
+    assert rollout_cache_need(_cfg(tmp_path, hf, nulls), str(tmp_path)) == pytest.approx(16 * per_seq / 0.6)
+    # the embedded server's own name for the batch bound
+    alias = base + ["rollout.sglang.max-batch-size=8"]
+    assert rollout_cache_need(_cfg(tmp_path, hf, alias), str(tmp_path)) == pytest.approx(8 * per_seq / 0.6)
+    # dynamic sampling keeps over-drawn groups in flight
+    dyn = base + ["agent.dynamic_sampling=true", "agent.max_oversample_rounds=1"]
+    assert rollout_cache_need(_cfg(tmp_path, hf, dyn), str(tmp_path)) == pytest.approx(32 * per_seq / 0.6)
+
+
+class _Train:
+    def __init__(self, free: list[int]):
+        self.free = free
+
+    def min_free_device_bytes(self) -> int:
+        return self.free.pop(0)
+
+
+def _cluster(tmp_path, overrides, free):
+    from megatron_rl.cluster import Cluster
+
+    (tmp_path / "config.json").write_text(json.dumps({**P.KNOWN_SHAPES["qwen3-8b"], "max_position_embeddings": 4096}))
+    c = object.__new__(Cluster)   # only the fields offload_actor reads: no engines, no actor
+    c.cfg = load_config(str(REPO_ROOT / "configs" / "quickstart.yaml"),
+                        ["kernel_backend=cuda", "agent.max_turns=1", "agent.sampling.max_new_tokens=256",
+                         "agent.max_prompt_tokens=1024", "rollout.engine_dtype=bfloat16", *overrides])
+    c.use_gpu, c.model_dir, c.train = True, str(tmp_path), _Train(free)
+    c._offload, c._offload_need = None, None
+    return c
+
+
+def test_the_auto_rule_decides_before_every_rollout_with_the_farms_share(tmp_path):
+    from megatron_rl.cluster import farm_device_reserve, rollout_cache_need
+
+    c = _cluster(tmp_path, [], [])
+    need = rollout_cache_need(c.cfg, c.model_dir) + farm_device_reserve(c.cfg)
+    assert farm_device_reserve(c.cfg) == 3 * (8 << 30)
+    c.train.free = [need + 1, need - 1, need + 1]
+    assert [c.offload_actor() for _ in range(3)] == [False, True, False]   # the actor grew after step 1, then not
+    assert _cluster(tmp_path, ["cluster.offload_actor=true"], []).offload_actor() is True
+    assert _cluster(tmp_path, ["cluster.offload_actor=false"], []).offload_actor() is False
+    assert _cluster(tmp_path, ["rollout.engine=sglang"], []).offload_actor() is True
+    cpu = _cluster(tmp_path, [], [])
+    cpu.use_gpu = False
+    assert cpu.offload_actor() is False
+
+
+def test_an_estimate_that_cannot_be_made_offloads_instead_of_stopping_the_run(tmp_path):
+    c = _cluster(tmp_path, [], [0])
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))   # no layer count: no shape
+    assert c.offload_actor() is True and c.train.free == [0]   # nothing measured
+
+
+def test_engine_metrics_leave_out_an_engine_that_did_not_answer_or_restarted():
+    from megatron_rl.cluster.rollout_manager import _engine_metrics
+
+    ok_b = {"prefill_s": 1.0, "prefill_tokens": 10, "decode_s": 1.0, "decode_steps": 10, "decode_rows": 10}
+    ok_a = {"prefill_s": 2.0, "prefill_tokens": 20, "decode_s": 2.0, "decode_steps": 20, "decode_rows": 30}
+    restarted = {"prefill_s": 0.1, "prefill_tokens": 1, "decode_s": 0.1, "decode_steps": 1, "decode_rows": 1}
+    m = _engine_metrics([ok_b, {}, ok_b], [ok_a, ok_a, restarted])
+    assert m["engine/decode_steps"] == 10 and m["engine/mean_batch"] == pytest.approx(2.0)
