@@ -169,6 +169,10 @@ class HostStash:
     rollout and back after it. ``tensor.to("cpu")`` allocates pageable memory each time and copies at a
     few GB/s; copies into pinned buffers that persist run at the link's speed and allocate nothing after
     the first offload. A buffer that cannot be pinned (host limits) falls back to pageable memory.
+
+    Cost: the stash holds a host copy of all offloaded state for the whole run (the pageable copies were freed
+    at onload), and torch's pinned allocator rounds each buffer up to a power of two, so host use is between
+    1x and 2x that state (``pinned_bytes`` counts the requested sizes).
     """
 
     def __init__(self):
