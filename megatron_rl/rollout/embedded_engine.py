@@ -106,7 +106,7 @@ class EngineStats:
     prefill_s: float = 0.0
     decode_steps: int = 0
     decode_rows: int = 0             # running requests summed over the steps (rows / steps = mean batch)
-    decode_s: float = 0.0
+    decode_s: float = 0.0            # CUDA graph captures excluded (slot path: SlotStats.graph_capture_s)
 
     def prefilled(self, requests: list, seconds: float) -> None:
         self.prefills += 1
@@ -243,7 +243,8 @@ class EmbeddedEngine:
 
     def decode_info(self) -> dict:
         """Which decode path serves, (slots) the cache and graph figures, and the cumulative `EngineStats`."""
-        stats = {"engine_stats": dataclasses.asdict(self.stats)}
+        stats = {"engine_stats": {**dataclasses.asdict(self.stats),
+                                  "graph_capture_s": self._slots.stats.graph_capture_s if self._slots else 0.0}}
         if self._slots is None:
             return {"decode": "dynamic", **stats}
         return {"decode": "slots", **self._slots.info(), **stats}
@@ -652,11 +653,12 @@ class EmbeddedEngine:
 
     def _slot_decode_step(self) -> None:
         dec = self._slots
-        t0 = time.perf_counter()
         with self._model_lock:
             if "weights" in self._released:
                 raise EngineStateError("weights were released during generation")
+            t0, captured = time.perf_counter(), dec.stats.graph_capture_s
             logits, tokens, logprobs = dec.step()
+            t0 += dec.stats.graph_capture_s - captured   # a graph captured by this step is not decode time
         active = dec.active
         if all(unfiltered(r.sampling) for r in active):
             self._record(active, tokens, logprobs)
