@@ -232,9 +232,10 @@ SAMPLE_BLOCK = 64   # entries of one sampled block (256 contiguous bytes of floa
 def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
     """Flat indices (int64, host, sorted) of a random sample of about ``k`` of ``numel`` entries, or None when
     ``numel <= max(k, 3 * SAMPLE_BLOCK)`` (every entry is compared). Blocks of ``SAMPLE_BLOCK`` consecutive
-    entries at random block positions, plus the first and the last block (where off-by-one bounds fail), drawn on the host from
-    ``seed`` alone: the parent and the child compute the same indices. The parent picks the seed only after
-    the call whose output is sampled has returned, so no kernel can know which entries are compared."""
+    entries at random block positions, plus the first and the last block (where off-by-one bounds fail), drawn
+    on the host from ``seed`` alone: the parent and the child compute the same indices. The parent picks the
+    seed only after the call whose output is sampled has returned, so no kernel can know which entries are
+    compared."""
     if numel <= max(k, 3 * SAMPLE_BLOCK):
         return None
     # whole blocks even for a small k: the commitment checks aligned blocks of COMMIT_BLOCK entries only, so a
