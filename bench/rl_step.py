@@ -21,8 +21,10 @@ beside the median step, and as the share of a step that would take that long. Pr
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -50,6 +52,7 @@ def main() -> int:
     ap.add_argument("--log-dir", default=None, help="the run's logs, metrics and engine logs (default: a temp dir)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: every thread's stack to stderr
 
     import torch
 

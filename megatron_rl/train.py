@@ -13,8 +13,10 @@ last stdout line is a JSON summary.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     # Models and tokenizers come from local dirs; a task module that reaches for the Hub (KernelBench
     # level 4) must fail fast rather than retry for minutes while prompts are built.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # `kill -USR1 <pid>` prints every thread's stack to stderr without stopping the run (a step that hangs).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = parse_args(argv)
     overrides = list(args.overrides)
     if args.model:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -653,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         log.warning("ignoring SGLang arguments the embedded engine does not use: %s", " ".join(unknown))
     exit_with_parent()
+    # `kill -USR1 <pid>` writes every thread's stack to the server log: the way to see where a slow start or
+    # a rollout that never finishes waits (kernel builds, graph captures, a lock) without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.tp_size != 1:
         parser.error(f"--tp-size {args.tp_size}: the embedded engine runs one rank; use SGLang for tensor parallelism")
     hf_config = None
