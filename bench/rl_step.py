@@ -21,10 +21,8 @@ beside the median step, and as the share of a step that would take that long. Pr
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -34,6 +32,7 @@ sys.path.insert(0, ROOT)
 
 from bench.common import emit_json  # noqa: E402
 from megatron_rl.fsutil import write_text_atomic  # noqa: E402
+from megatron_rl.observability import dump_stacks_on_sigusr1  # noqa: E402
 NEMO_RL_TOKS_PER_GPU = 1581.0
 
 
@@ -52,7 +51,7 @@ def main() -> int:
     ap.add_argument("--log-dir", default=None, help="the run's logs, metrics and engine logs (default: a temp dir)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: every thread's stack to stderr
+    dump_stacks_on_sigusr1()
 
     import torch
 

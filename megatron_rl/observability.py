@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
+import io
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,6 +27,17 @@ from megatron_rl.fsutil import write_text_atomic
 
 # Dense bf16 peak per GPU, TFLOP/s, matched against torch.cuda.get_device_name() (MFU is reported against it).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "B200": 2250.0, "S5000": 500.0}
+
+
+def dump_stacks_on_sigusr1() -> bool:
+    """`kill -USR1 <pid>` then writes every thread's stack to stderr without stopping the process: the way to
+    see where a long GPU run waits (a compile, a lock, a kernel build). Returns False, arming nothing, when
+    stderr is not a real file (pytest's capture, an embedding host), since faulthandler needs a descriptor."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        return False
+    return True
 
 
 class PhaseTimer:

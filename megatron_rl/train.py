@@ -13,10 +13,8 @@ last stdout line is a JSON summary.
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -158,14 +156,13 @@ def _summary(rewards: list, steps_done: int, t_start: float, cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from megatron_rl.config import ConfigError, load_config
-    from megatron_rl.observability import print_summary
+    from megatron_rl.observability import dump_stacks_on_sigusr1, print_summary
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Models and tokenizers come from local dirs; a task module that reaches for the Hub (KernelBench
     # level 4) must fail fast rather than retry for minutes while prompts are built.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # `kill -USR1 <pid>` prints every thread's stack to stderr without stopping the run (a step that hangs).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    dump_stacks_on_sigusr1()
     args = parse_args(argv)
     overrides = list(args.overrides)
     if args.model:

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import faulthandler
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -31,6 +29,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from ..observability import dump_stacks_on_sigusr1
 from ..sync.transport import (WeightGroupSpec, WeightUpdateGroup, decode_payload, default_shm_dir,
                               receive_flattened, receive_per_tensor)
 from .embedded_engine import EmbeddedEngine, EmbeddedEngineConfig, EngineStateError, check_tags
@@ -655,9 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         log.warning("ignoring SGLang arguments the embedded engine does not use: %s", " ".join(unknown))
     exit_with_parent()
-    # `kill -USR1 <pid>` writes every thread's stack to the server log: the way to see where a slow start or
-    # a rollout that never finishes waits (kernel builds, graph captures, a lock) without stopping it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    dump_stacks_on_sigusr1()   # the stacks land in the server log (its stderr)
     if args.tp_size != 1:
         parser.error(f"--tp-size {args.tp_size}: the embedded engine runs one rank; use SGLang for tensor parallelism")
     hf_config = None
