@@ -1,6 +1,6 @@
 """Per-phase time of full RL steps on one GPU: generation, verification, logprobs, training, sync.
 
-    python bench/rl_step.py [--arch dense|hybrid] [--layers 36] [--steps 3] [--prompts 4] [--group 4]
+    python bench/rl_step.py [--arch dense|hybrid] [--layers 36] [--steps 3] [--warmup-steps 1] [--prompts 4] [--group 4]
                             [--max-new 1024] [--offload-actor auto|on|off] [--no-farm-share]
                             [--out bench/results/rl_step_h200.json]
 
@@ -8,7 +8,7 @@ Runs the real driver (`megatron_rl.train.run`) with the local backend (no Ray on
 a random bf16 model shaped like Qwen3-8B (``--arch dense``) or Qwen3.5-9B (``--arch hybrid``; every 4th
 layer gated attention, the rest Gated DeltaNet), cut to ``--layers``, the embedded engine colocated on
 the same GPU, the CUDA verifier farm on the bundled tasks at GPU sizes, one train rank. Reports seconds
-per phase (median over the steps after the first), tokens/s/GPU (all tokens of the step's trajectories /
+per phase (median over the steps after ``--warmup-steps``; every step's phases are listed too), tokens/s/GPU (all tokens of the step's trajectories /
 step wall time) next to NeMo-RL's published 1581 tok/s/GPU (Llama3.1-8B GRPO, H100, on-policy), and the
 dominant phase.
 
@@ -41,6 +41,9 @@ def main() -> int:
     ap.add_argument("--arch", choices=("dense", "hybrid"), default="dense")
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup-steps", type=int, default=1,
+                    help="first steps left out of the medians (first-shape compiles and fla's Triton autotuning: the "
+                         "hybrid actor needs about 3, bench/results/actor_shapes_hybrid_h200.md)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new", type=int, default=1024)
@@ -58,6 +61,8 @@ def main() -> int:
     from megatron_rl.config import load_config
     from megatron_rl.train import run
 
+    if not 0 <= args.warmup_steps < args.steps:
+        ap.error(f"--warmup-steps {args.warmup_steps} must be >= 0 and leave at least one of --steps {args.steps}")
     if args.log_dir and os.path.exists(os.path.join(args.log_dir, "metrics.jsonl")):
         ap.error(f"--log-dir {args.log_dir} holds an earlier run (its steps would mix into the medians)")
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="rl-step-")
@@ -89,7 +94,7 @@ def main() -> int:
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides)
     summary = run(cfg)
     rows = [json.loads(line) for line in open(os.path.join(log_dir, "metrics.jsonl"))]
-    steady = rows[1:] or rows
+    steady = rows[args.warmup_steps:] or rows[-1:]
     # the final checkpoint (written once, at the last step) is not part of a steady-state step
     phases = sorted({k for r in steady for k in r if k.startswith("time/") and k != "time/save"})
     med = {p[5:]: statistics.median(r.get(p, 0.0) for r in steady) for p in phases}
@@ -97,7 +102,8 @@ def main() -> int:
     toks = statistics.median(r["perf/tokens_per_s"] for r in steady)
     result = {
         "bench": "rl_step", "arch": args.arch, "device": torch.cuda.get_device_name() if gpu else "cpu",
-        "layers": args.layers if gpu else None,
+        "layers": args.layers if gpu else None, "warmup_steps": args.warmup_steps, "steady_steps": len(steady),
+        "per_step_seconds": [{k[5:]: round(v, 2) for k, v in r.items() if k.startswith("time/")} for r in rows],
         "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new if gpu else 16,
         "phase_seconds_median": med, "step_seconds": step_s, "dominant_phase": max(med, key=med.get),
         "tokens_per_s_per_gpu": toks, "nemo_rl_llama8b_tokens_per_s_per_gpu": NEMO_RL_TOKS_PER_GPU,
