@@ -44,8 +44,8 @@ from typing import Any
 from . import feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
-from .correctness import (COMPLEX128_KEYS, _unravel, compare_outputs, flatten_outputs, same_structure, sample_index,
-                          spec_summary, squared_error, uncommitted_entry)
+from .correctness import (COMPLEX128_KEYS, DIGEST_LANES, _unravel, compare_outputs, flatten_outputs, same_structure,
+                          sample_index, spec_summary, squared_error, uncommitted_entry)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -444,13 +444,14 @@ class _DeviceStage:
                 raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable commitment: {e}"))
         finally:
             os.close(fd)
-        if not all(d.dtype == torch.int64 and d.dim() == 1 for d in out.values()):
+        if not all(d.dtype == torch.int64 and d.dim() == 2 and d.shape[1] == DIGEST_LANES for d in out.values()):
             raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", "malformed output commitment"))
         return out
 
     def _commit_limit(self, calls: int = 1) -> int:
-        """Bytes a commitment may take: an int64 digest per COMMIT_BLOCK output entries (the reference's)."""
-        return calls * (self._ref_out_bytes // 8 + (1 << 20))
+        """Bytes a commitment may take: DIGEST_LANES int64 words per COMMIT_BLOCK output entries (the reference's;
+        16 bytes per 64 one-byte entries at most)."""
+        return calls * (self._ref_out_bytes * DIGEST_LANES // 8 + (1 << 20))
 
     @staticmethod
     def _full_position(c, picks: dict[int, Any], ref_leaves: list) -> None:

@@ -173,6 +173,54 @@ def test_a_commitment_catches_a_changed_block_and_nothing_else():
     assert torch.equal(block_digests(out, chunk=640), digests)
 
 
+def test_the_commitment_binds_where_a_linear_digest_did_not():
+    """The first digest, a keyed sum of the entries' bits, was linear: negating two float64 entries of a block adds
+    2^63 times the sum of two odd keys, 0 mod 2^64, so a fix-up that flipped two signs met it. The hash tree must
+    catch that, and every single-bit change of a block must give a digest of its own in both lanes."""
+    from verifier.correctness import block_digests, uncommitted_entry
+
+    out = torch.randn(6_400, dtype=torch.float64)
+    idx = sample_index(out.numel(), 1024, 3)
+    j, k = int(idx[128]), int(idx[129])          # two entries of one sampled block
+    assert j // 64 == k // 64
+    fixed = out.clone()
+    fixed[j], fixed[k] = -fixed[j], -fixed[k]
+    assert uncommitted_entry(fixed[idx], idx, out.numel(), block_digests(out)) == j // 64 * 64
+
+    block = torch.randn(64)                      # 2,048 bits: flip each one
+    bits = block.view(torch.int32)
+    seen = {tuple(block_digests(block)[0].tolist())}
+    lanes = [set(), set()]
+    for i in range(64):
+        for b in range(32):
+            flipped = bits.clone()
+            flipped[i] ^= (1 << b) if b < 31 else -(1 << 31)
+            d = block_digests(flipped.view(torch.float32))[0].tolist()
+            seen.add(tuple(d))
+            lanes[0].add(d[0])
+            lanes[1].add(d[1])
+    assert len(seen) == 1 + 64 * 32 and len(lanes[0]) == len(lanes[1]) == 64 * 32
+
+
+def test_the_digest_mixer_is_murmur3_fmix64_with_wrapping_int64():
+    """The tree's mixer in torch int64 ops (arithmetic shifts masked to logical ones, wrapping multiplies) equals
+    the published fmix64 computed on Python integers mod 2^64."""
+    from verifier.correctness import _fmix_
+
+    def fmix64(x):
+        x %= 1 << 64
+        x ^= x >> 33
+        x = x * 0xFF51AFD7ED558CCD % (1 << 64)
+        x ^= x >> 33
+        x = x * 0xC4CEB9FE1A85EC53 % (1 << 64)
+        x ^= x >> 33
+        return x - (1 << 64) if x >= 1 << 63 else x
+
+    words = torch.cat([torch.tensor([0, 1, -1, -(2**63), 2**63 - 1]),
+                       torch.randint(-(2**63), 2**63 - 1, (2_000,), generator=torch.Generator().manual_seed(1))])
+    assert _fmix_(words.clone()).tolist() == [fmix64(int(w)) for w in words]
+
+
 @pytest.mark.parametrize("dtype", [torch.complex128, torch.complex64, torch.float64, torch.bfloat16, torch.bool,
                                    torch.int8])
 def test_every_output_dtype_is_committed_and_a_change_in_either_half_of_a_complex_entry_is_caught(dtype):
@@ -184,7 +232,7 @@ def test_every_output_dtype_is_committed_and_a_change_in_either_half_of_a_comple
         torch.randn(5_000, dtype=dtype)
     assert committable(out)
     digests = block_digests(out)
-    assert digests.shape == (-(-out.numel() // 64),) and digests.dtype == torch.int64
+    assert digests.shape == (-(-out.numel() // 64), 2) and digests.dtype == torch.int64
     idx = sample_index(out.numel(), 512, 11)
     assert uncommitted_entry(out[idx], idx, out.numel(), digests) is None
     changes = [1j, 1.0] if dtype.is_complex else [1]
