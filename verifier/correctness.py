@@ -323,7 +323,9 @@ def _digest_words(words: torch.Tensor) -> torch.Tensor:
     x = _fmix_(words.unsqueeze(0) ^ _WORD_KEYS[:, :, :width].to(words.device))      # [lanes, blocks, W]
     level = 0
     while x.shape[2] > 1:
-        x = _fmix_(torch.addcmul(x[:, :, 1::2], x[:, :, 0::2], _LEVEL_MULS[level].to(x.device)))
+        folded = x[:, :, 0::2] * _LEVEL_MULS[level].to(x.device)
+        folded += x[:, :, 1::2]
+        x = _fmix_(folded)
         level += 1
     return x[:, :, 0].t().contiguous()
 

@@ -60,3 +60,18 @@ def test_cuda_verdicts(cfg, expr, category, rule):
     assert r.rule == rule
     if category == Category.PASS:
         assert r.q == 1.0 and r.speedup > 0 and r.device_name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "complex128", "bool"])
+def test_output_digests_on_the_gpu_equal_the_hosts(dtype):
+    """The child commits digests computed on the output's device and the parent recomputes sampled blocks on the
+    host: int64 wrap-around, shifts and the tree's strided folds must agree bit for bit (a full-size output too)."""
+    import torch
+
+    from verifier.correctness import block_digests
+
+    dt = getattr(torch, dtype)
+    for n in (1_000, 50_000_003):
+        x = torch.randn(n, dtype=torch.float64) * 3
+        out = x > 0 if dt == torch.bool else torch.complex(x, -x).to(dt) if dt.is_complex else x.to(dt)
+        assert torch.equal(block_digests(out.cuda()).cpu(), block_digests(out)), (dtype, n)
