@@ -1,7 +1,7 @@
 """Per-phase time of full RL steps on one GPU: generation, verification, logprobs, training, sync.
 
     python bench/rl_step.py [--arch dense|hybrid] [--layers 36] [--steps 3] [--warmup-steps 1] [--prompts 4] [--group 4]
-                            [--max-new 1024] [--offload-actor auto|on|off] [--no-farm-share]
+                            [--max-new 1024] [--offload-actor auto|on|off] [--async-rollout] [--no-farm-share]
                             [--out bench/results/rl_step_h200.json]
 
 Runs the real driver (`megatron_rl.train.run`) with the local backend (no Ray on the GPU machine):
@@ -49,6 +49,9 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=1024)
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU (checks the script)")
     ap.add_argument("--no-farm-share", action="store_true", help="skip verifying a step's worth of correct kernels")
+    ap.add_argument("--async-rollout", action="store_true",
+                    help="cluster.async_rollout=true: the next rollout runs beside training (one step off-policy; "
+                         "engines and actor resident together)")
     ap.add_argument("--offload-actor", choices=("auto", "on", "off"), default="auto",
                     help="cluster.offload_actor (auto: only when the engine's cache would not fit beside the actor)")
     ap.add_argument("--log-dir", default=None, help="the run's logs, metrics and engine logs (default: a temp dir)")
@@ -89,6 +92,7 @@ def main() -> int:
         f"kernel_backend={'cuda' if gpu else 'cpu'}", f"farm.compile_workers={max(1, (os.cpu_count() or 2) // 2)}",
         "actor.max_tokens_per_gpu=16384", "train.save_interval=0", "train.save_final=false",
         f"cluster.offload_actor={ {'auto': 'null', 'on': 'true', 'off': 'false'}[args.offload_actor] }",
+        f"cluster.async_rollout={str(args.async_rollout).lower()}",
         *(["data.size_profile=gpu"] if gpu else []), *shape,
     ]
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides)
@@ -102,7 +106,7 @@ def main() -> int:
     toks = statistics.median(r["perf/tokens_per_s"] for r in steady)
     result = {
         "bench": "rl_step", "arch": args.arch, "device": torch.cuda.get_device_name() if gpu else "cpu",
-        "layers": args.layers if gpu else None, "warmup_steps": args.warmup_steps, "steady_steps": len(steady),
+        "layers": args.layers if gpu else None, "async_rollout": args.async_rollout, "warmup_steps": args.warmup_steps, "steady_steps": len(steady),
         "per_step_seconds": [{k[5:]: round(v, 2) for k, v in r.items() if k.startswith("time/")} for r in rows],
         "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new if gpu else 16,
         "phase_seconds_median": med, "step_seconds": step_s, "dominant_phase": max(med, key=med.get),

@@ -104,7 +104,9 @@ class ModelConfig:
 class ClusterConfig:
     backend: str = "auto"                # auto: Ray when importable | ray | local (one rank, in-process)
     placement: str = "colocated"         # colocated: train and rollout share GPUs | disaggregated
-    async_rollout: bool = False          # one-step off-policy (disaggregated only)
+    # one-step off-policy: the next step's rollout runs while this step trains. Colocated, the engines and the
+    # actor then stay resident together (no offload, the engines' memory is never released between steps)
+    async_rollout: bool = False
     # colocated: move the actor's params, grads and optimizer state to pinned host memory while the engines
     # generate. None (auto): only when the engines' cache for a step's requests would not fit beside them
     offload_actor: bool | None = None
@@ -397,8 +399,9 @@ def validate(cfg: RLConfig) -> None:
     need(r.startup_timeout_s > 0, f"rollout.startup_timeout_s must be > 0, got {r.startup_timeout_s}")
     need(c.placement in ("colocated", "disaggregated"),
          f"cluster.placement must be 'colocated' or 'disaggregated', got {c.placement!r}")
-    need(not (c.async_rollout and c.placement != "disaggregated"),
-         "cluster.async_rollout needs cluster.placement=disaggregated (colocated phases cannot overlap)")
+    need(not (c.async_rollout and c.placement == "colocated" and c.offload_actor),
+         "cluster.async_rollout=true with cluster.placement=colocated keeps the actor on its GPUs while the next "
+         "rollout runs beside training: cluster.offload_actor cannot be true")
     need(c.backend in ("auto", "ray", "local"), f"cluster.backend must be auto|ray|local, got {c.backend!r}")
     need(not (c.backend == "local" and c.actor_world_size != 1),
          "cluster.backend=local runs one train rank in-process: set cluster.actor_world_size=1")

@@ -118,6 +118,9 @@ def run(cfg, resume: bool = False) -> dict:
             if _save_due(cfg.train, step + 1):
                 with timer("save"):
                     cluster.save(step + 1, history)
+            if cfg.cluster.async_rollout:
+                with timer("rollout_wait"):   # the next rollout's time that training did not hide
+                    cluster.finish_pending_rollout()
             with timer("sync"):
                 sync = cluster.sync_weights(step + 1)
             logger.log_step(step, {**rollout.metrics, **{f"train/{k}": v for k, v in train.items()},

@@ -5,7 +5,8 @@
   weight sync;
 * `rollout(step)`: one step's `RolloutResult` (its samples by reference, small metrics). Around it the
   colocated placement resumes/releases the engines' memory and offloads the actor; with
-  ``cluster.async_rollout`` the next step's rollout is already running while this step trains;
+  ``cluster.async_rollout`` the next step's rollout is already running while this step trains (colocated, the
+  engines' memory then stays resumed and the actor resident: both fit on the GPUs together or the run stops);
 * `train`: the `TrainGroup` (logprobs its loss needs, PPO mini-batches, checkpoints);
 * `save(iteration, history)` and `sync_weights(version)` (actor -> engines: the colocated transport when
   they share GPUs, the distributed one, gloo or NCCL, for the disaggregated placement).
@@ -59,6 +60,7 @@ class Cluster:
         self._pending: tuple[int, concurrent.futures.Future] | None = None
         self._offload: bool | None = None     # the last rollout's choice (see offload_actor)
         self._offload_need: int | None = None  # bytes the rollout needs beside the actor (-1: unknown)
+        self._engines_resident = False         # colocated async: the engines' cache resumed for the whole run
         self.placement = None
         world = c.actor_world_size
         if self.ray_mode:
@@ -121,10 +123,34 @@ class Cluster:
                 with timer("onload"):
                     self.train.onload()
             return out
+        if self.colocated and not self._engines_resident:
+            self._keep_engines_resident()
         with timer("rollout"):
             out = (self._pending[1] if self._pending and self._pending[0] == step else self._submit(step)).result()
         self._pending = (step + 1, self._submit(step + 1)) if step + 1 < self.cfg.train.steps else None
         return out
+
+    def _keep_engines_resident(self) -> None:
+        """Colocated async: the next rollout runs while the actor trains, so the actor cannot leave the GPUs and
+        the engines' cache is resumed once for the run. Stops with the figures when the two do not fit. Measured
+        at the first rollout, before the optimizer state exists and without training's activations: those must
+        fit too, and a run where they do not stops with an out-of-memory error at its first train step."""
+        # cluster.offload_actor=false is the user's word that both fit (config validation refuses true here)
+        if self.cfg.cluster.offload_actor is None and self.offload_actor():
+            what = "cluster.async_rollout with cluster.placement=colocated keeps the actor on its GPUs"
+            measured = self.cfg.rollout.engine == "embedded" and bool(self._offload_need and self._offload_need > 0)
+            if measured:
+                raise RuntimeError(
+                    f"{what}, but the engines' cache and the farm need {self._offload_need / 2**30:.1f} GiB beside "
+                    f"it and {self.train.min_free_device_bytes() / 2**30:.1f} GiB are free: use the synchronous "
+                    f"colocated mode (it offloads the actor during rollouts), fewer concurrent requests, or the "
+                    f"disaggregated placement")
+            raise RuntimeError(
+                f"{what}, and whether the engines fit beside it cannot be measured (SGLang takes a static share; an "
+                f"embedded engine's estimate failed, see the warning above): size rollout.sglang.mem_fraction_static "
+                f"(SGLang) to leave room for the actor and set cluster.offload_actor=false")
+        resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
+        self._engines_resident = True
 
     def offload_actor(self) -> bool:
         """Whether the colocated actor leaves the GPU for this rollout: ``cluster.offload_actor``, or when that is
@@ -160,10 +186,14 @@ class Cluster:
                  "initial_model": self.model_dir}
         return self.train.save(str(self.cfg.ckpt_root), iteration, extra)
 
-    def sync_weights(self, version: int) -> dict:
+    def finish_pending_rollout(self) -> None:
+        """Async: wait for the rollout in flight (the part of it that training did not hide)."""
         if self._pending is not None:
-            # one step off-policy: the rollout in flight finishes on the old weights before they change
             self._pending[1].result()
+
+    def sync_weights(self, version: int) -> dict:
+        """Actor -> engines; async, after the rollout in flight has finished on the old weights."""
+        self.finish_pending_rollout()
         if self.colocated:
             resolve(self.rollout_mgr.resume_memory.remote(["weights"]))
         endpoints = resolve(self.rollout_mgr.engine_endpoints.remote())

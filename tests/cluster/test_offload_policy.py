@@ -142,3 +142,55 @@ def test_engine_metrics_leave_out_an_engine_that_did_not_answer_or_restarted():
     restarted = {"prefill_s": 0.1, "prefill_tokens": 1, "decode_s": 0.1, "decode_steps": 1, "decode_rows": 1}
     m = _engine_metrics([ok_b, {}, ok_b], [ok_a, ok_a, restarted])
     assert m["engine/decode_steps"] == 10 and m["engine/mean_batch"] == pytest.approx(2.0)
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class _StubRollout:
+    """The rollout manager's two calls the residency rule makes (what `resolve` passes through locally)."""
+    def __init__(self):
+        self.resumed = []
+        self.resume_memory = _Remote(lambda tags: self.resumed.append(tuple(tags)))
+
+
+class _StubTrain:
+    def __init__(self, free):
+        self.free = free
+
+    def min_free_device_bytes(self):
+        return self.free
+
+
+def _async_cluster(tmp_path, free: int, need: int, offload_actor=None, engine="embedded"):
+    """A colocated async Cluster on a 'GPU' without starting anything: the roles are stubs."""
+    from megatron_rl.cluster import Cluster
+
+    cfg = _cfg(tmp_path, P.KNOWN_SHAPES["qwen3-8b"], ["cluster.async_rollout=true", f"rollout.engine={engine}"])
+    cfg.cluster.offload_actor = offload_actor
+    c = Cluster.__new__(Cluster)
+    c.cfg, c.colocated, c.use_gpu, c.model_dir = cfg, True, True, str(tmp_path)
+    c._offload, c._offload_need, c._engines_resident = None, need, False
+    c.rollout_mgr, c.train = _StubRollout(), _StubTrain(free)
+    return c
+
+
+def test_colocated_async_keeps_the_engines_resident_only_when_they_fit_beside_the_actor(tmp_path):
+    fits = _async_cluster(tmp_path, free=40 << 30, need=30 << 30)
+    fits._keep_engines_resident()
+    assert fits._engines_resident and fits.rollout_mgr.resumed == [("kv_cache",)]
+
+    tight = _async_cluster(tmp_path, free=20 << 30, need=30 << 30)
+    with pytest.raises(RuntimeError, match=r"need 30\.0 GiB beside it and 20\.0 GiB are free"):
+        tight._keep_engines_resident()
+    assert tight.rollout_mgr.resumed == []         # nothing resumed for a run that cannot go on
+
+    # SGLang's static share cannot be measured: the user sizes it and says so with offload_actor=false
+    sglang = _async_cluster(tmp_path, free=1 << 30, need=30 << 30, engine="sglang")
+    with pytest.raises(RuntimeError, match="mem_fraction_static"):
+        sglang._keep_engines_resident()
+    trusted = _async_cluster(tmp_path, free=1 << 30, need=30 << 30, offload_actor=False, engine="sglang")
+    trusted._keep_engines_resident()
+    assert trusted.rollout_mgr.resumed == [("kv_cache",)]

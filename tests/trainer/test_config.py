@@ -33,7 +33,7 @@ def test_presets_load(tmp_path):
     (["actor.tp=2", "cluster.actor_world_size=3"], "actor_world_size=3"),
     (["rollout.engine=vllm"], "rollout.engine"),
     (["cluster.placement=mixed"], "cluster.placement"),
-    (["cluster.async_rollout=true"], "async_rollout"),
+    (["cluster.async_rollout=true", "cluster.offload_actor=true"], "offload_actor"),
     (["model.path=/nonexistent/model"], "model.path"),
     (["data.tasks=/nonexistent/tasks"], "data.tasks"),
     (["agent.reward_fn=no_such_module:fn"], "agent.reward_fn"),

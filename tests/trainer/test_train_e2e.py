@@ -1,5 +1,5 @@
 """The RL driver end to end on a CPU: learning and the on-policy invariant through Ray, resume after a kill,
-the disaggregated async placement. (The quickstart preset trains in tests/sft/test_recipe.py's RL stage.)
+the async (one-step off-policy) mode in both placements. (The quickstart preset trains in tests/sft/test_recipe.py's RL stage.)
 
 Each test runs `python -m megatron_rl.train` as users do (a subprocess), on the toy task or the
 bundled kernel tasks, and reads what the run leaves behind (metrics.jsonl, summary.json, checkpoints).
@@ -83,10 +83,12 @@ def test_resume_after_kill_continues_identically(tmp_path):
 
 
 @pytest.mark.slow
-def test_disaggregated_async_is_one_step_off_policy(tmp_path):
-    """Disaggregated placement with the async overlap: the weights reach the engine over the distributed
-    transport (gloo here), step 1 is on-policy, and later steps train on rollouts from the previous weights."""
-    summary = ok(train(tmp_path, "async", *LOCAL_TP1, "cluster.placement=disaggregated", "cluster.async_rollout=true",
+@pytest.mark.parametrize("placement", ["disaggregated", "colocated"])
+def test_async_is_one_step_off_policy(tmp_path, placement):
+    """The async overlap: the weights reach the engine over the distributed transport (gloo here) or, colocated,
+    the shared-memory one (the engine generating the next step beside the training actor, as on one GPU); step 1
+    is on-policy, and later steps train on rollouts from the previous weights."""
+    summary = ok(train(tmp_path, "async", *LOCAL_TP1, f"cluster.placement={placement}", "cluster.async_rollout=true",
                        "train.steps=4", "agent.seed=3")[0])
     rows = metrics(tmp_path / "async")
     assert summary["steps"] == 4
