@@ -13,8 +13,9 @@ the logprobs, then takes one train step, as `MegatronActor.train_rl_batch` does.
 megatron-core 0.19 wraps ``_prepare_input_for_gated_delta_rule``, ``_apply_gated_norm`` and
 ``_compute_g_and_beta`` of ``_GDNBase`` in ``jit_fuser`` (``torch.compile``). Modes (`set_gdn_fusion`):
 ``compiled`` (megatron's own wrapping), ``dynamic`` (``torch.compile(dynamic=True)``: symbolic sizes from the
-first call), ``eager`` (the plain methods). Each mode runs in a fresh process on Qwen3.5-9B-shaped hybrid layers; the same steps on Qwen3-8B-shaped dense
-layers (no GDN helpers, nothing to compile) are the reference in the same run. Per step: seconds, the graphs
+first call), ``eager`` (the plain methods). Each mode runs in a fresh process on Qwen3.5-9B-shaped hybrid
+layers; the same steps on Qwen3-8B-shaped dense layers (no GDN helpers, nothing to compile) are the reference in
+the same run. Per step: seconds, the graphs
 dynamo compiled and the Triton autotunings that step (run with TRITON_PRINT_AUTOTUNING=1 to count those), and
 the dynamo recompile reasons (TORCH_LOGS=recompiles) land in each child's log under --log-dir.
 Prints one JSON object (and writes it to --out).
@@ -130,14 +131,15 @@ def autotunings_per_step(log_text: str, steps: int) -> list[int]:
             if current is not None:
                 counts.append(current)
             current = 0
-        elif current is not None and "autotuning" in line.lower() and "finished" in line.lower():
+        elif current is not None and "Triton autotuning for function" in line:
             current += 1
     return (counts + [0] * steps)[:steps]
 
 
 def summarize(steps: list[dict]) -> dict:
-    """Warm-up is every step up to the last one that compiled a dynamo graph; steady state is the rest."""
-    compiled = [i for i, s in enumerate(steps) if s["new_dynamo_graphs"]]
+    """Warm-up is every step up to the last one that compiled a dynamo graph or autotuned a Triton kernel; steady
+    state is the rest."""
+    compiled = [i for i, s in enumerate(steps) if s["new_dynamo_graphs"] or s.get("triton_autotunings")]
     warm = compiled[-1] + 1 if compiled else 0
     steady = steps[warm:]
     out = {"warmup_steps": warm, "warmup_s": round(sum(s["step_s"] for s in steps[:warm]), 1),
@@ -154,7 +156,8 @@ def spawn(case: dict, log_path: str, timeout: int) -> dict:
     with open(log_path, "w") as log:
         try:
             # one log for both streams: Triton prints its autotuning lines to stdout, between the step marks
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
         except subprocess.TimeoutExpired:
             proc = None
     text = open(log_path, errors="replace").read()
@@ -166,7 +169,7 @@ def spawn(case: dict, log_path: str, timeout: int) -> dict:
             out = json.loads(line[len("RESULT "):])
             out["wall_s"] = round(time.perf_counter() - t0, 1)
             for step, n in zip(out["steps"], autotunings_per_step(text, len(out["steps"]))):
-                step["triton_autotunings"] = n
+                step["triton_autotunings"] = n   # counted with TRITON_PRINT_AUTOTUNING=1 only
             out.update(summarize(out["steps"]))
             return out
     return {"ok": False, "error": " | ".join(text.strip().splitlines()[-6:])[-800:], "progress": progress[-8:]}

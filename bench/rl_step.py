@@ -1,6 +1,7 @@
 """Per-phase time of full RL steps on one GPU: generation, verification, logprobs, training, sync.
 
-    python bench/rl_step.py [--arch dense|hybrid] [--layers 36] [--steps 3] [--warmup-steps 1] [--prompts 4] [--group 4]
+    python bench/rl_step.py [--arch dense|hybrid] [--layers 36] [--steps 3] [--warmup-steps 1]
+                            [--prompts 4] [--group 4]
                             [--max-new 1024] [--offload-actor auto|on|off] [--async-rollout] [--no-farm-share]
                             [--out bench/results/rl_step_h200.json]
 
@@ -8,9 +9,9 @@ Runs the real driver (`megatron_rl.train.run`) with the local backend (no Ray on
 a random bf16 model shaped like Qwen3-8B (``--arch dense``) or Qwen3.5-9B (``--arch hybrid``; every 4th
 layer gated attention, the rest Gated DeltaNet), cut to ``--layers``, the embedded engine colocated on
 the same GPU, the CUDA verifier farm on the bundled tasks at GPU sizes, one train rank. Reports seconds
-per phase (median over the steps after ``--warmup-steps``; every step's phases are listed too), tokens/s/GPU (all tokens of the step's trajectories /
-step wall time) next to NeMo-RL's published 1581 tok/s/GPU (Llama3.1-8B GRPO, H100, on-policy), and the
-dominant phase.
+per phase (median over the steps after ``--warmup-steps``; every step's phases are listed too), tokens/s/GPU
+(all tokens of the step's trajectories / step wall time) next to NeMo-RL's published 1581 tok/s/GPU
+(Llama3.1-8B GRPO, H100, on-policy), and the dominant phase.
 
 A random model writes no valid kernels, so the step's own verification sees format errors only. So that
 the farm's share of a step is known for a model that does write kernels, the same farm configuration then
@@ -51,7 +52,8 @@ def main() -> int:
     ap.add_argument("--no-farm-share", action="store_true", help="skip verifying a step's worth of correct kernels")
     ap.add_argument("--async-rollout", action="store_true",
                     help="cluster.async_rollout=true: the next rollout runs beside training (one step off-policy; "
-                         "engines and actor resident together)")
+                         "engines and actor resident together). Colocated, steps 1-2 are not overlapped (the first "
+                         "runs synchronously) and the last has nothing beside it: use --steps 6 --warmup-steps 2")
     ap.add_argument("--offload-actor", choices=("auto", "on", "off"), default="auto",
                     help="cluster.offload_actor (auto: only when the engine's cache would not fit beside the actor)")
     ap.add_argument("--log-dir", default=None, help="the run's logs, metrics and engine logs (default: a temp dir)")
@@ -64,8 +66,11 @@ def main() -> int:
     from megatron_rl.config import load_config
     from megatron_rl.train import run
 
-    if not 0 <= args.warmup_steps < args.steps:
-        ap.error(f"--warmup-steps {args.warmup_steps} must be >= 0 and leave at least one of --steps {args.steps}")
+    # async: the last step has no next rollout beside its training, so it is left out of the medians too
+    last_out = 1 if args.async_rollout else 0
+    if not 0 <= args.warmup_steps < args.steps - last_out:
+        ap.error(f"--warmup-steps {args.warmup_steps} must be >= 0 and leave at least one of --steps {args.steps}"
+                 + (" besides the last (--async-rollout)" if last_out else ""))
     if args.log_dir and os.path.exists(os.path.join(args.log_dir, "metrics.jsonl")):
         ap.error(f"--log-dir {args.log_dir} holds an earlier run (its steps would mix into the medians)")
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="rl-step-")
@@ -98,7 +103,7 @@ def main() -> int:
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides)
     summary = run(cfg)
     rows = [json.loads(line) for line in open(os.path.join(log_dir, "metrics.jsonl"))]
-    steady = rows[args.warmup_steps:] or rows[-1:]
+    steady = rows[args.warmup_steps:len(rows) - last_out] or rows[-1:]
     # the final checkpoint (written once, at the last step) is not part of a steady-state step
     phases = sorted({k for r in steady for k in r if k.startswith("time/") and k != "time/save"})
     med = {p[5:]: statistics.median(r.get(p, 0.0) for r in steady) for p in phases}
@@ -106,7 +111,8 @@ def main() -> int:
     toks = statistics.median(r["perf/tokens_per_s"] for r in steady)
     result = {
         "bench": "rl_step", "arch": args.arch, "device": torch.cuda.get_device_name() if gpu else "cpu",
-        "layers": args.layers if gpu else None, "async_rollout": args.async_rollout, "warmup_steps": args.warmup_steps, "steady_steps": len(steady),
+        "layers": args.layers if gpu else None, "async_rollout": args.async_rollout,
+        "warmup_steps": args.warmup_steps, "steady_steps": len(steady),
         "per_step_seconds": [{k[5:]: round(v, 2) for k, v in r.items() if k.startswith("time/")} for r in rows],
         "prompts_per_step": args.prompts, "group_size": args.group, "max_new_tokens": args.max_new if gpu else 16,
         "phase_seconds_median": med, "step_seconds": step_s, "dominant_phase": max(med, key=med.get),

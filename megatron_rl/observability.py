@@ -35,7 +35,7 @@ def dump_stacks_on_sigusr1() -> bool:
     stderr is not a real file (pytest's capture, an embedding host), since faulthandler needs a descriptor."""
     try:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    except (io.UnsupportedOperation, AttributeError, ValueError):
+    except (io.UnsupportedOperation, AttributeError, ValueError, RuntimeError):   # RuntimeError: stderr is None
         return False
     return True
 

@@ -261,8 +261,8 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
 # lattice reduction met any digest with a few ulps in 16 entries). A block's digest is now 128 bits, two
 # independent lanes of a hash tree over the block's raw bytes as 64-bit words: each word is keyed by its lane and
 # position and mixed with ``fmix`` (MurmurHash3's 64-bit finaliser, a bijection), then pairs are folded level by
-# level with ``fmix(a * m + b)`` (``m`` odd, per lane and level). Every step is non-linear over the integers mod 2^64, and meeting both
-# lanes of a chosen digest by splitting the block in halves (meet in the middle) costs about 2^64 work: out of reach
+# level with ``fmix(a * m + b)`` (``m`` odd, per lane and level). Every step is non-linear over the integers mod
+# 2^64, and meeting both lanes of a chosen digest by splitting the block in halves (meet in the middle) costs about 2^64 work: out of reach
 # in a handover's seconds. It is not a cryptographic hash (the keys are fixed and public); it runs as a few
 # elementwise int64 passes over the output's words on its own device, cheap enough for every timed batch.
 
@@ -337,7 +337,7 @@ def block_digests(t: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     cache (4x faster than 2^24 entries on a 400 MB output) and a GPU's launches few."""
     if chunk is None:
         chunk = 1 << 18 if t.device.type == "cpu" else 1 << 24
-    flat = t.detach().contiguous().reshape(-1)
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)   # lazy conj/neg views: their values
     entry = 1 if flat.dtype == torch.bool else flat.element_size()
     block_bytes = COMMIT_BLOCK * entry
     data = _raw_bytes(flat)

@@ -18,6 +18,7 @@ machine, which has no Ray, runs a full RL step.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import os
 
@@ -61,6 +62,8 @@ class Cluster:
         self._offload: bool | None = None     # the last rollout's choice (see offload_actor)
         self._offload_need: int | None = None  # bytes the rollout needs beside the actor (-1: unknown)
         self._engines_resident = False         # colocated async: the engines' cache resumed for the whole run
+        self._first_step_done = False          # colocated async: the first step of a process runs synchronously
+        self._state_before_pending: dict | None = None   # async: the rollout state a checkpoint of this step saves
         self.placement = None
         world = c.actor_world_size
         if self.ray_mode:
@@ -108,33 +111,46 @@ class Cluster:
         (one step off-policy), and the next one starts now. `timer` (a `PhaseTimer`) gets the phases:
         ``rollout``, and for a colocated actor that leaves the GPU to the engines ``offload`` / ``onload``."""
         timer = timer or PhaseTimer()
-        if not self.cfg.cluster.async_rollout:
-            offload = self.colocated and self.offload_actor()
-            if offload:
-                with timer("offload"):
-                    self.train.offload()
-            with timer("rollout"):
-                if self.colocated:
-                    resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
-                out = resolve(self.rollout_mgr.generate.remote(step))
-                if self.colocated:
-                    resolve(self.rollout_mgr.release_memory.remote(["kv_cache", "weights"]))
-            if offload:
-                with timer("onload"):
-                    self.train.onload()
-            return out
+        if not self.cfg.cluster.async_rollout or (self.colocated and not self._first_step_done):
+            # colocated async: this process's first step runs synchronously, so that the room the engines need
+            # is measured beside an actor that has trained once (its optimizer state exists)
+            self._first_step_done = True
+            return self._rollout_synchronously(step, timer)
         if self.colocated and not self._engines_resident:
             self._keep_engines_resident()
         with timer("rollout"):
             out = (self._pending[1] if self._pending and self._pending[0] == step else self._submit(step)).result()
-        self._pending = (step + 1, self._submit(step + 1)) if step + 1 < self.cfg.train.steps else None
+        if step + 1 < self.cfg.train.steps:
+            # what a checkpoint of this step saves: the draws up to this step, before the next one starts drawing
+            self._state_before_pending = copy.deepcopy(resolve(self.rollout_mgr.state_dict.remote()))
+            self._pending = (step + 1, self._submit(step + 1))
+        else:
+            self._pending = None
+        return out
+
+    def _rollout_synchronously(self, step: int, timer):
+        """One rollout with nothing beside it; colocated, the engines' memory is resumed and released around it
+        and the actor offloads when the room is too small."""
+        offload = self.colocated and self.offload_actor()
+        if offload:
+            with timer("offload"):
+                self.train.offload()
+        with timer("rollout"):
+            if self.colocated:
+                resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
+            out = resolve(self.rollout_mgr.generate.remote(step))
+            if self.colocated:
+                resolve(self.rollout_mgr.release_memory.remote(["kv_cache", "weights"]))
+        if offload:
+            with timer("onload"):
+                self.train.onload()
         return out
 
     def _keep_engines_resident(self) -> None:
         """Colocated async: the next rollout runs while the actor trains, so the actor cannot leave the GPUs and
         the engines' cache is resumed once for the run. Stops with the figures when the two do not fit. Measured
-        at the first rollout, before the optimizer state exists and without training's activations: those must
-        fit too, and a run where they do not stops with an out-of-memory error at its first train step."""
+        after the first (synchronous) step, so the optimizer state is counted; training's activations are not (they
+        are freed by then), and a run where they do not fit stops with an out-of-memory error in training."""
         # cluster.offload_actor=false is the user's word that both fit (config validation refuses true here)
         if self.cfg.cluster.offload_actor is None and self.offload_actor():
             what = "cluster.async_rollout with cluster.placement=colocated keeps the actor on its GPUs"
@@ -182,8 +198,10 @@ class Cluster:
         return self._pool.submit(lambda: resolve(self.rollout_mgr.generate.remote(step)))
 
     def save(self, iteration: int, history: dict) -> str:
-        extra = {"step": iteration, "rollout": resolve(self.rollout_mgr.state_dict.remote()), "history": history,
-                 "initial_model": self.model_dir}
+        # with a rollout in flight the manager's live state already holds the next step's draws
+        rollout_state = self._state_before_pending if self._pending is not None \
+            else resolve(self.rollout_mgr.state_dict.remote())
+        extra = {"step": iteration, "rollout": rollout_state, "history": history, "initial_model": self.model_dir}
         return self.train.save(str(self.cfg.ckpt_root), iteration, extra)
 
     def finish_pending_rollout(self) -> None:
@@ -192,12 +210,20 @@ class Cluster:
             self._pending[1].result()
 
     def sync_weights(self, version: int) -> dict:
-        """Actor -> engines; async, after the rollout in flight has finished on the old weights."""
+        """Actor -> engines; async, after the rollout in flight has finished on the old weights. Colocated with
+        resident engines, their cache is released around the sync (they are idle), which leaves the room for the
+        transport's staged copy of the weights."""
         self.finish_pending_rollout()
         if self.colocated:
+            if self._engines_resident:
+                resolve(self.rollout_mgr.release_memory.remote(["kv_cache"]))
             resolve(self.rollout_mgr.resume_memory.remote(["weights"]))
         endpoints = resolve(self.rollout_mgr.engine_endpoints.remote())
-        return self.train.sync_weights(endpoints, version, self.sync_cfg, self.rollout_mgr)
+        try:
+            return self.train.sync_weights(endpoints, version, self.sync_cfg, self.rollout_mgr)
+        finally:
+            if self.colocated and self._engines_resident:
+                resolve(self.rollout_mgr.resume_memory.remote(["kv_cache"]))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
