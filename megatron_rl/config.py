@@ -105,7 +105,7 @@ class ClusterConfig:
     backend: str = "auto"                # auto: Ray when importable | ray | local (one rank, in-process)
     placement: str = "colocated"         # colocated: train and rollout share GPUs | disaggregated
     # one-step off-policy: the next step's rollout runs while this step trains. Colocated, the engines and the
-    # actor then stay resident together (no offload, the engines' memory is never released between steps)
+    # actor then stay resident together (no offload; the engines' cache is released only around weight syncs)
     async_rollout: bool = False
     # colocated: move the actor's params, grads and optimizer state to pinned host memory while the engines
     # generate. None (auto): only when the engines' cache for a step's requests would not fit beside them

@@ -262,8 +262,8 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
 # independent lanes of a hash tree over the block's raw bytes as 64-bit words: each word is keyed by its lane and
 # position and mixed with ``fmix`` (MurmurHash3's 64-bit finaliser, a bijection), then pairs are folded level by
 # level with ``fmix(a * m + b)`` (``m`` odd, per lane and level). Every step is non-linear over the integers mod
-# 2^64, and meeting both lanes of a chosen digest by splitting the block in halves (meet in the middle) costs about 2^64 work: out of reach
-# in a handover's seconds. It is not a cryptographic hash (the keys are fixed and public); it runs as a few
+# 2^64, and meeting both lanes of a chosen digest by splitting the block in halves (meet in the middle) costs about
+# 2^64 work: out of reach in a handover's seconds. It is not a cryptographic hash (the keys are fixed and public); it runs as a few
 # elementwise int64 passes over the output's words on its own device, cheap enough for every timed batch.
 
 #: safetensors metadata key of a handover naming the outputs written as float64 (re, im) pairs (safetensors has no
@@ -306,13 +306,10 @@ def _fmix_(x: torch.Tensor) -> torch.Tensor:
 
 
 def _raw_bytes(flat: torch.Tensor) -> torch.Tensor:
-    """The entries' bytes, flat uint8 (a view where the layout allows one)."""
+    """The bytes of a contiguous flat tensor's entries, as a uint8 view."""
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
-    try:
-        return flat.view(torch.uint8)
-    except RuntimeError:   # a view the dtype change cannot express (an odd storage offset): copy
-        return flat.clone().view(torch.uint8)
+    return flat.view(torch.uint8)
 
 
 def _digest_words(words: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,9 @@
   weight sync;
 * `rollout(step)`: one step's `RolloutResult` (its samples by reference, small metrics). Around it the
   colocated placement resumes/releases the engines' memory and offloads the actor; with
-  ``cluster.async_rollout`` the next step's rollout is already running while this step trains (colocated, the
-  engines' memory then stays resumed and the actor resident: both fit on the GPUs together or the run stops);
+  ``cluster.async_rollout`` the next step's rollout is already running while this step trains (colocated, after a
+  first synchronous step the engines' cache stays resumed and the actor resident: both fit together or the run
+  stops);
 * `train`: the `TrainGroup` (logprobs its loss needs, PPO mini-batches, checkpoints);
 * `save(iteration, history)` and `sync_weights(version)` (actor -> engines: the colocated transport when
   they share GPUs, the distributed one, gloo or NCCL, for the disaggregated placement).
