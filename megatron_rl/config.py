@@ -108,7 +108,8 @@ class ClusterConfig:
     # actor then stay resident together (no offload; the engines' cache is released only around weight syncs)
     async_rollout: bool = False
     # colocated: move the actor's params, grads and optimizer state to pinned host memory while the engines
-    # generate. None (auto): only when the engines' cache for a step's requests would not fit beside them
+    # generate (and the engines' weights to the host while it trains). None (auto): only when the engines' cache
+    # for a step's requests would not fit beside them; true also when training needs the engines' weight room
     offload_actor: bool | None = None
     actor_world_size: int = 1            # train ranks = tp * pp * dp
     rollout_gpus: int = 0                # disaggregated: GPUs for engines (0 on CPU)

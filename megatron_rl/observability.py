@@ -109,7 +109,8 @@ class RunFacts:
 def throughput_scalars(row: dict[str, Any], facts: RunFacts) -> dict[str, float]:
     """NeMo-RL-style throughput of one step row (needs `perf/tokens_per_s` and `time/*`): tokens/s/GPU per phase
     and end to end, generated tokens/s/GPU of the rollout (`rollout/tokens_generated`, else estimated from the mean
-    first-turn response length and turns), and the training MFU. Missing inputs leave the figure out."""
+    first-turn response length and turns, over the rollout's own `rollout/seconds` when logged), and the training
+    MFU. Missing inputs leave the figure out."""
     phases = {k[5:]: v for k, v in row.items() if k.startswith("time/") and _finite(v)}
     total = sum(phases.values())
     tps = row.get("perf/tokens_per_s")
@@ -125,8 +126,11 @@ def throughput_scalars(row: dict[str, Any], facts: RunFacts) -> dict[str, float]
     if not _finite(generated):   # older rows: estimated from the mean first-turn response and the turns
         resp, turns = row.get("response/len_mean"), row.get("turns/mean")
         generated = resp * turns * facts.trajectories_per_step if _finite(resp) and _finite(turns) else None
-    if phases.get("rollout") and generated is not None:
-        out["perf/rollout_tokens_per_s_per_gpu"] = generated / phases["rollout"] / facts.rollout_gpus
+    # the rollout's own wall time (`rollout/seconds`): with async rollouts the `rollout` phase is only the part
+    # that training did not hide (often ~0 s), and colocated it also holds the engines' memory moves
+    gen_seconds = row.get("rollout/seconds") if _finite(row.get("rollout/seconds")) else phases.get("rollout")
+    if gen_seconds and gen_seconds > 0 and generated is not None:
+        out["perf/rollout_tokens_per_s_per_gpu"] = generated / gen_seconds / facts.rollout_gpus
     if facts.shape is not None and facts.peak_tflops and phases.get("train"):
         seq = tokens / max(facts.trajectories_per_step, 1)
         flops = tokens * facts.shape.train_flops_per_token(seq)

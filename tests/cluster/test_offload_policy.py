@@ -194,3 +194,44 @@ def test_colocated_async_keeps_the_engines_resident_only_when_they_fit_beside_th
     trusted = _async_cluster(tmp_path, free=1 << 30, need=30 << 30, offload_actor=False, engine="sglang")
     trusted._keep_engines_resident()
     assert trusted.rollout_mgr.resumed == [("kv_cache",)]
+
+
+class _RecordingRollout:
+    """The rollout manager's calls around a synchronous rollout, recorded in order."""
+    def __init__(self):
+        self.calls = []
+        self.resume_memory = _Remote(lambda tags: self.calls.append(("resume", tuple(tags))))
+        self.release_memory = _Remote(lambda tags: self.calls.append(("release", tuple(tags))))
+        self.generate = _Remote(lambda step: self.calls.append(("generate", step)) or f"rollout {step}")
+
+
+class _OffloadingTrain(_StubTrain):
+    def __init__(self, free):
+        super().__init__(free)
+        self.moves = []
+
+    def offload(self):
+        self.moves.append("offload")
+
+    def onload(self):
+        self.moves.append("onload")
+
+
+@pytest.mark.parametrize("room", ["fits", "tight"])
+def test_a_synchronous_colocated_rollout_moves_the_engines_weights_only_with_the_actor(tmp_path, room):
+    """Moving an engine's weights to the host and back took ~5 s a step on the H200; when the actor stays resident,
+    the engines' weights do too and only their cache is released for training."""
+    from megatron_rl.cluster import Cluster
+    from megatron_rl.observability import PhaseTimer
+
+    cfg = _cfg(tmp_path, P.KNOWN_SHAPES["qwen3-8b"], [])
+    c = Cluster.__new__(Cluster)
+    c.cfg, c.colocated, c.use_gpu, c.model_dir = cfg, True, True, str(tmp_path)
+    c._offload, c._offload_need = None, 30 << 30
+    c.rollout_mgr = _RecordingRollout()
+    c.train = _OffloadingTrain((40 if room == "fits" else 20) << 30)
+    timer = PhaseTimer()
+    assert c._rollout_synchronously(3, timer) == "rollout 3"
+    released = ("kv_cache",) if room == "fits" else ("kv_cache", "weights")
+    assert c.rollout_mgr.calls == [("resume", ("kv_cache",)), ("generate", 3), ("release", released)]
+    assert c.train.moves == ([] if room == "fits" else ["offload", "onload"])

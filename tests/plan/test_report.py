@@ -39,6 +39,10 @@ def test_throughput_in_nemo_rl_units():
     assert throughput_scalars({"step": 0, "time/train": 1.0}, disagg) == {}
     exact = throughput_scalars({**_row(0), "rollout/tokens_generated": 1200.0}, disagg)
     assert exact["perf/rollout_tokens_per_s_per_gpu"] == pytest.approx(1200 / 2.0 / 6)
+    # async: the rollout phase is only the wait training did not hide; the rollout's own seconds are the divisor
+    hidden = throughput_scalars({**_row(0), "rollout/tokens_generated": 1200.0, "rollout/seconds": 1.5,
+                                 "time/rollout": 1e-5}, disagg)
+    assert hidden["perf/rollout_tokens_per_s_per_gpu"] == pytest.approx(1200 / 1.5 / 6)
 
 
 def _run_dir(tmp_path: Path, rows: list[dict]) -> Path:
