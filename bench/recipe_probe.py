@@ -22,10 +22,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from data_synth.compact import PLAN_HEADER  # noqa: E402
 from data_synth.taskset import read_task_set  # noqa: E402
 from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, initial_messages  # noqa: E402
 
-PLAN_PREFIX = "Plan: one C++ extension per op, applied in order:\n1. x = torch"
+PLAN_PREFIX = PLAN_HEADER + "1. x = torch"
 
 
 def forward_source(source: str) -> str:

@@ -96,6 +96,10 @@ def op_source(op: str, style: str) -> str:
             "}\n")
 
 
+#: the first line of every compact answer; the plan's lines follow it (``bench/recipe_probe.py`` probes after it)
+PLAN_HEADER = "Plan: one C++ extension per op, applied in order:\n"
+
+
 def op_block(op: str, style: str, k: int) -> str:
     """The source and the load_inline line of an answer's ``k``-th distinct op (extension ``ext{k}``)."""
     return (f'src{k} = """\n{op_source(op, style)}"""\n'
@@ -132,7 +136,7 @@ def compact_answer(task: GeneratedTask, backend: str = "cpu", seed: int = 0,
             f"{calls}"
             "        return x\n")
     recipe = "compact:" + "+".join(f"{op}/{chosen[op]}" for op in distinct)
-    response = f"Plan: one C++ extension per op, applied in order:\n{plan}\n```python\n{code}```"
+    response = f"{PLAN_HEADER}{plan}\n```python\n{code}```"
     return TeacherAnswer(task_id=task.task_id, backend=backend, recipe=recipe, response=response, code=code)
 
 
