@@ -40,6 +40,7 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 PAUSE_MODES = ("abort", "in_place", "retract")
 MAX_WAVE_FAILURES = 3  # consecutive failed waves before the scheduler gives up (and /health fails)
 DECODE_PATHS = ("auto", "slots", "dynamic")
+SLOW_PREFILL_S = 2.0  # one prefill forward longer than this is logged with its shape
 
 
 class EngineStateError(RuntimeError):
@@ -108,7 +109,10 @@ class EngineStats:
     decode_rows: int = 0             # running requests summed over the steps (rows / steps = mean batch)
     decode_s: float = 0.0            # CUDA graph captures excluded (slot path: SlotStats.graph_capture_s)
 
-    def prefilled(self, requests: list, seconds: float) -> None:
+    def prefilled(self, requests: list, seconds: float, width: int) -> None:
+        if seconds > SLOW_PREFILL_S:   # the per-rollout sums hide one slow forward (a kernel build, a lock wait)
+            log.info("slow prefill: %d requests x %d tokens (left-padded) took %.2f s",
+                        len(requests), width, seconds)
         self.prefills += 1
         self.prefill_requests += len(requests)
         self.prefill_tokens += sum(len(r.prompt) for r in requests)
@@ -649,7 +653,7 @@ class EmbeddedEngine:
                 # been released since, which frees the slots): it never takes a slot
                 if r.finish is None:
                     self._slots.add(r, cache, i, width - len(r.prompt), tokens[i], seeds[i])
-        self.stats.prefilled(joining, time.perf_counter() - t0)
+        self.stats.prefilled(joining, time.perf_counter() - t0, ids.shape[1])
 
     def _slot_decode_step(self) -> None:
         dec = self._slots
@@ -688,7 +692,7 @@ class EmbeddedEngine:
         ids, mask, pos = self._left_padded(joining)
         cache = DynamicCache(config=self.model.config)
         tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
-        self.stats.prefilled(joining, time.perf_counter() - t0)
+        self.stats.prefilled(joining, time.perf_counter() - t0, ids.shape[1])
         new = _Batch(cache=cache, mask=mask, step_ids=tokens.view(-1, 1), step_pos=pos[:, -1:] + 1,
                      active=list(joining))
         if batch is None or not batch.active:

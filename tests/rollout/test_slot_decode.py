@@ -1,11 +1,13 @@
 """The embedded engine's slot decoder (slot_decode.py): the same tokens and logprobs as the DynamicCache path and
 as a full forward, through joins, leaves, slot moves, a length growth mid-run, a memory budget smaller than the
 batch, and memory release; its decode attention equals transformers' SDPA."""
+import logging
 import threading
 
 import pytest
 import torch
 
+from megatron_rl.rollout import embedded_engine
 from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
 from megatron_rl.rollout.sampling import RequestSampling
 from megatron_rl.rollout.slot_decode import batch_buckets, grouped_decode_sdpa, supports_slots
@@ -148,6 +150,16 @@ def test_releasing_the_kv_cache_frees_the_slots_and_the_next_request_reallocates
     engine.resume_memory(["kv_cache"])
     again = _generate(engine, [([5, 6, 7], 10, 1)])
     assert again[0]["output_ids"] == first[0]["output_ids"]   # same seed, same tokens after reallocation
+
+
+@pytest.mark.parametrize("decode", ["slots", "dynamic"])
+def test_a_slow_prefill_is_logged_with_its_shape(decode, monkeypatch, caplog):
+    """Per-rollout sums hide one slow forward; the engine names each one over the threshold with its batch shape."""
+    monkeypatch.setattr(embedded_engine, "SLOW_PREFILL_S", 0.0)
+    engine = EmbeddedEngine(_model(TINY), EmbeddedEngineConfig(max_batch_size=4, gather_ms=0, decode=decode))
+    with caplog.at_level(logging.INFO, logger=embedded_engine.__name__):
+        _generate(engine, [([5, 6, 7], 3, 1)])
+    assert "slow prefill: 1 requests x 3 tokens (left-padded)" in caplog.text
 
 
 def test_decode_choice_is_validated():
