@@ -109,10 +109,10 @@ class EngineStats:
     decode_rows: int = 0             # running requests summed over the steps (rows / steps = mean batch)
     decode_s: float = 0.0            # CUDA graph captures excluded (slot path: SlotStats.graph_capture_s)
 
-    def prefilled(self, requests: list, seconds: float, width: int) -> None:
+    def prefilled(self, requests: list, seconds: float, width: int, forward_s: float | None = None) -> None:
         if seconds > SLOW_PREFILL_S:   # the per-rollout sums hide one slow forward (a kernel build, a lock wait)
-            log.info("slow prefill: %d requests x %d tokens (left-padded) took %.2f s",
-                        len(requests), width, seconds)
+            log.info("slow prefill: %d requests x %d tokens (left-padded) took %.2f s%s", len(requests), width,
+                     seconds, "" if forward_s is None else f" (forward and first tokens {forward_s:.2f} s)")
         self.prefills += 1
         self.prefill_requests += len(requests)
         self.prefill_tokens += sum(len(r.prompt) for r in requests)
@@ -645,6 +645,7 @@ class EmbeddedEngine:
         ids, mask, pos = self._left_padded(joining)
         cache = DynamicCache(config=self.model.config)
         tokens = self._forward_and_sample(joining, ids, mask, pos, cache)
+        forward_s = time.perf_counter() - t0
         width = ids.shape[1]
         seeds = seed_tensor([r.seed for r in joining], self.device)
         with self._model_lock:
@@ -653,7 +654,7 @@ class EmbeddedEngine:
                 # been released since, which frees the slots): it never takes a slot
                 if r.finish is None:
                     self._slots.add(r, cache, i, width - len(r.prompt), tokens[i], seeds[i])
-        self.stats.prefilled(joining, time.perf_counter() - t0, ids.shape[1])
+        self.stats.prefilled(joining, time.perf_counter() - t0, width, forward_s)
 
     def _slot_decode_step(self) -> None:
         dec = self._slots
