@@ -41,6 +41,10 @@ PAUSE_MODES = ("abort", "in_place", "retract")
 MAX_WAVE_FAILURES = 3  # consecutive failed waves before the scheduler gives up (and /health fails)
 DECODE_PATHS = ("auto", "slots", "dynamic")
 SLOW_PREFILL_S = 2.0  # one prefill forward longer than this is logged with its shape
+#: fla's norm kernels inside a Gated DeltaNet layer (the q/k L2 norm of its delta rule, the gated RMSNorm) autotune
+#: on NB = cdiv(rows, 2048 * 32), rows = prefill tokens x heads (fla 0.4: ``fla/modules/l2norm.py``,
+#: ``fused_norm_gate.py``): every new NB costs seconds of Triton autotuning the first time a machine meets it
+FLA_ROWS_PER_BLOCK = 2048 * 32
 
 
 class EngineStateError(RuntimeError):
@@ -122,6 +126,23 @@ class EngineStats:
         self.decode_steps += 1
         self.decode_rows += rows
         self.decode_s += seconds
+
+
+def prefill_sweep_lengths(config: Any, max_tokens: int) -> list[int]:
+    """Prompt lengths whose single-row prefills meet every NB = cdiv(tokens x heads, FLA_ROWS_PER_BLOCK) that a
+    prefill of at most `max_tokens` tokens can: one per bucket of the most heads (``linear_num_value_heads``);
+    the fewer key heads' buckets are then all met too. Empty for a model without Gated DeltaNet layers."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    if "linear_attention" not in (getattr(text, "layer_types", None) or ()) or max_tokens < 1:
+        return []
+    heads = max(int(getattr(text, "linear_num_value_heads", 0) or 0), int(getattr(text, "linear_num_key_heads", 0) or 0))
+    if heads < 1:
+        return []
+    step = max(1, FLA_ROWS_PER_BLOCK // heads)
+    lengths = list(range(step, max_tokens + 1, step))
+    if not lengths or lengths[-1] != max_tokens:
+        lengths.append(max_tokens)
+    return lengths
 
 
 #: the language model's prefix in multimodal HF checkpoints (``model.language_model.layers.0...``)
@@ -212,7 +233,30 @@ class EmbeddedEngine:
         reason = (out.get("meta_info") or {}).get("finish_reason") or {}
         if reason.get("type") == "abort":
             raise EngineStateError(f"warm-up request failed: {reason.get('message')}")
+        self._warm_prefill_buckets()
         return time.perf_counter() - t0
+
+    def _warm_prefill_buckets(self) -> None:
+        """On a GPU, one prefill forward per row bucket that fla's norm kernels autotune on
+        (:data:`FLA_ROWS_PER_BLOCK`), up to ``max_prefill_tokens``: otherwise each new bucket costs seconds of
+        autotuning inside whichever rollout first meets it (on the H200: 9-13 s on every other RL step)."""
+        lengths = prefill_sweep_lengths(self.model.config, min(self.config.max_prefill_tokens, self.context_length - 1))
+        if self.device.type != "cuda" or not lengths:
+            return
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        with self._model_lock, torch.no_grad():
+            if "weights" in self._released:
+                raise EngineStateError("weights were released before the warm-up")
+            for n in lengths:
+                ids = torch.full((1, n), 7 % self.vocab_size, dtype=torch.long, device=self.device)
+                pos = torch.arange(n, device=self.device).unsqueeze(0)
+                self.model(input_ids=ids, position_ids=pos, past_key_values=DynamicCache(config=self.model.config),
+                           use_cache=True, logits_to_keep=1)
+            torch.cuda.synchronize(self.device)
+        log.info("warm-up: %d prefill lengths (%s tokens) in %.1f s", len(lengths),
+                 ", ".join(map(str, lengths)), time.perf_counter() - t0)
 
     def shutdown(self) -> None:
         with self._cv:

@@ -3,12 +3,14 @@ as a full forward, through joins, leaves, slot moves, a length growth mid-run, a
 batch, and memory release; its decode attention equals transformers' SDPA."""
 import logging
 import threading
+import types
 
 import pytest
 import torch
 
 from megatron_rl.rollout import embedded_engine
-from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
+from megatron_rl.rollout.embedded_engine import (FLA_ROWS_PER_BLOCK, EmbeddedEngine, EmbeddedEngineConfig,
+                                                 prefill_sweep_lengths)
 from megatron_rl.rollout.sampling import RequestSampling
 from megatron_rl.rollout.slot_decode import batch_buckets, grouped_decode_sdpa, supports_slots
 from rollout_helpers import TINY, reference_logprobs
@@ -160,6 +162,27 @@ def test_a_slow_prefill_is_logged_with_its_shape(decode, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger=embedded_engine.__name__):
         _generate(engine, [([5, 6, 7], 3, 1)])
     assert "slow prefill: 1 requests x 3 tokens (left-padded)" in caplog.text
+
+
+@pytest.mark.parametrize("key_heads,value_heads,max_tokens", [(16, 32, 16384), (16, 48, 5000), (4, 4, 300), (2, 1, 8)])
+def test_the_prefill_warm_up_meets_every_row_bucket_fla_autotunes_on(key_heads, value_heads, max_tokens):
+    """Every prefill of up to `max_tokens` tokens falls in an NB bucket (fla's norm kernels: key and value heads)
+    that one of the warm-up's lengths met already; attention-only models get no sweep."""
+    hybrid = types.SimpleNamespace(layer_types=["linear_attention", "full_attention"],
+                                   linear_num_key_heads=key_heads, linear_num_value_heads=value_heads)
+    lengths = prefill_sweep_lengths(hybrid, max_tokens)
+    assert lengths == sorted(set(lengths)) and lengths[-1] == max_tokens
+
+    def nb(tokens, heads):
+        return -(-tokens * heads // FLA_ROWS_PER_BLOCK)
+    for heads in (key_heads, value_heads):
+        met = {nb(n, heads) for n in lengths}
+        assert {nb(n, heads) for n in range(1, max_tokens + 1)} <= met
+    assert len(lengths) <= -(-max_tokens * max(key_heads, value_heads) // FLA_ROWS_PER_BLOCK) + 1
+    multimodal = types.SimpleNamespace(get_text_config=lambda: hybrid)
+    assert prefill_sweep_lengths(multimodal, max_tokens) == lengths
+    assert prefill_sweep_lengths(types.SimpleNamespace(layer_types=["full_attention"]), max_tokens) == []
+    assert prefill_sweep_lengths(hybrid, 0) == []
 
 
 def test_decode_choice_is_validated():
