@@ -128,21 +128,33 @@ class EngineStats:
         self.decode_s += seconds
 
 
-def prefill_sweep_lengths(config: Any, max_tokens: int) -> list[int]:
-    """Prompt lengths whose single-row prefills meet every NB = cdiv(tokens x heads, FLA_ROWS_PER_BLOCK) that a
-    prefill of at most `max_tokens` tokens can: one per bucket of the most heads (``linear_num_value_heads``);
-    the fewer key heads' buckets are then all met too. Empty for a model without Gated DeltaNet layers."""
+def prefill_warm_shapes(config: Any, *, max_tokens: int, context_length: int, max_batch: int) -> list[tuple[int, int]]:
+    """(rows, length) prefills that meet, before any request does, every autotuning key of fla's Gated DeltaNet
+    kernels that a prefill chunk of at most `max_tokens` padded tokens can: NB = cdiv(tokens x heads,
+    FLA_ROWS_PER_BLOCK) of its norm kernels (one shape per bucket of the most heads; the key heads' buckets are
+    then met too) and the batch size its chunk cumsum keys on (1 to `max_batch` rows, up to one 64-token chunk).
+    No row is longer than the context allows. Empty for a model without Gated DeltaNet layers."""
     text = getattr(config, "get_text_config", lambda: config)()
-    if "linear_attention" not in (getattr(text, "layer_types", None) or ()) or max_tokens < 1:
+    longest = min(max_tokens, context_length - 1)
+    if "linear_attention" not in (getattr(text, "layer_types", None) or ()) or longest < 1:
         return []
     heads = max(int(getattr(text, "linear_num_value_heads", 0) or 0), int(getattr(text, "linear_num_key_heads", 0) or 0))
     if heads < 1:
         return []
     step = max(1, FLA_ROWS_PER_BLOCK // heads)
-    lengths = list(range(step, max_tokens + 1, step))
-    if not lengths or lengths[-1] != max_tokens:
-        lengths.append(max_tokens)
-    return lengths
+    totals = list(range(step, max_tokens + 1, step))
+    if not totals or totals[-1] != max_tokens:
+        totals.append(max_tokens)
+    shapes = []
+    for total in totals:
+        rows = -(-total // longest)
+        # rows x (total // rows) lies in (total - rows, total]: the bucket of `total`, as rows < step
+        shapes.append((rows, total // rows))
+    for b in range(1, min(max_batch, max_tokens) + 1):   # a chunk of b rows holds at most max_tokens // b each
+        shape = (b, min(64, longest, max_tokens // b))
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
 
 
 #: the language model's prefix in multimodal HF checkpoints (``model.language_model.layers.0...``)
@@ -237,11 +249,13 @@ class EmbeddedEngine:
         return time.perf_counter() - t0
 
     def _warm_prefill_buckets(self) -> None:
-        """On a GPU, one prefill forward per row bucket that fla's norm kernels autotune on
-        (:data:`FLA_ROWS_PER_BLOCK`), up to ``max_prefill_tokens``: otherwise each new bucket costs seconds of
-        autotuning inside whichever rollout first meets it (on the H200: 9-13 s on every other RL step)."""
-        lengths = prefill_sweep_lengths(self.model.config, min(self.config.max_prefill_tokens, self.context_length - 1))
-        if self.device.type != "cuda" or not lengths:
+        """On a GPU, the prefill shapes of :func:`prefill_warm_shapes`: otherwise each new autotuning key of
+        fla's kernels costs its autotuning (~8 s for the L2 norm's 30 configs, each compiled anew) inside
+        whichever rollout first meets it (on the H200: 9-13 s on every other RL step). Triton keeps the results
+        on disk, so a later start on the same machine only runs the forwards."""
+        shapes = prefill_warm_shapes(self.model.config, max_tokens=self.config.max_prefill_tokens,
+                                     context_length=self.context_length, max_batch=self.config.max_batch_size)
+        if self.device.type != "cuda" or not shapes:
             return
         from transformers import DynamicCache
 
@@ -249,14 +263,14 @@ class EmbeddedEngine:
         with self._model_lock, torch.no_grad():
             if "weights" in self._released:
                 raise EngineStateError("weights were released before the warm-up")
-            for n in lengths:
-                ids = torch.full((1, n), 7 % self.vocab_size, dtype=torch.long, device=self.device)
-                pos = torch.arange(n, device=self.device).unsqueeze(0)
+            for rows, length in shapes:
+                ids = torch.full((rows, length), 7 % self.vocab_size, dtype=torch.long, device=self.device)
+                pos = torch.arange(length, device=self.device).expand(rows, length)
                 self.model(input_ids=ids, position_ids=pos, past_key_values=DynamicCache(config=self.model.config),
                            use_cache=True, logits_to_keep=1)
             torch.cuda.synchronize(self.device)
-        log.info("warm-up: %d prefill lengths (%s tokens) in %.1f s", len(lengths),
-                 ", ".join(map(str, lengths)), time.perf_counter() - t0)
+        log.info("warm-up: %d prefill shapes (up to %d tokens, 1-%d rows) in %.1f s", len(shapes),
+                 max(r * n for r, n in shapes), max(r for r, _ in shapes), time.perf_counter() - t0)
 
     def shutdown(self) -> None:
         with self._cv:

@@ -10,7 +10,7 @@ import torch
 
 from megatron_rl.rollout import embedded_engine
 from megatron_rl.rollout.embedded_engine import (FLA_ROWS_PER_BLOCK, EmbeddedEngine, EmbeddedEngineConfig,
-                                                 prefill_sweep_lengths)
+                                                 prefill_warm_shapes)
 from megatron_rl.rollout.sampling import RequestSampling
 from megatron_rl.rollout.slot_decode import batch_buckets, grouped_decode_sdpa, supports_slots
 from rollout_helpers import TINY, reference_logprobs
@@ -164,25 +164,29 @@ def test_a_slow_prefill_is_logged_with_its_shape(decode, monkeypatch, caplog):
     assert "slow prefill: 1 requests x 3 tokens (left-padded)" in caplog.text
 
 
-@pytest.mark.parametrize("key_heads,value_heads,max_tokens", [(16, 32, 16384), (16, 48, 5000), (4, 4, 300), (2, 1, 8)])
-def test_the_prefill_warm_up_meets_every_row_bucket_fla_autotunes_on(key_heads, value_heads, max_tokens):
-    """Every prefill of up to `max_tokens` tokens falls in an NB bucket (fla's norm kernels: key and value heads)
-    that one of the warm-up's lengths met already; attention-only models get no sweep."""
+@pytest.mark.parametrize("key_heads,value_heads,max_tokens,context", [(16, 32, 16384, 32768), (16, 32, 16384, 4096),
+                                                                    (16, 48, 5000, 1000), (4, 4, 300, 4096), (2, 1, 8, 5)])
+def test_the_prefill_warm_up_meets_every_key_fla_autotunes_on(key_heads, value_heads, max_tokens, context):
+    """Every prefill chunk of up to `max_tokens` padded tokens and up to max_batch rows has its NB bucket (fla's
+    norm kernels, key and value heads) and its row count (fla's chunk cumsum) met by one of the warm-up's
+    shapes, none longer than the context; attention-only models get no warm-up."""
     hybrid = types.SimpleNamespace(layer_types=["linear_attention", "full_attention"],
                                    linear_num_key_heads=key_heads, linear_num_value_heads=value_heads)
-    lengths = prefill_sweep_lengths(hybrid, max_tokens)
-    assert lengths == sorted(set(lengths)) and lengths[-1] == max_tokens
+    shapes = prefill_warm_shapes(hybrid, max_tokens=max_tokens, context_length=context, max_batch=32)
+    assert all(1 <= n < context for _, n in shapes) and len(set(shapes)) == len(shapes)
+    assert max(r * n for r, n in shapes) <= max_tokens
 
     def nb(tokens, heads):
         return -(-tokens * heads // FLA_ROWS_PER_BLOCK)
     for heads in (key_heads, value_heads):
-        met = {nb(n, heads) for n in lengths}
+        met = {nb(r * n, heads) for r, n in shapes}
         assert {nb(n, heads) for n in range(1, max_tokens + 1)} <= met
-    assert len(lengths) <= -(-max_tokens * max(key_heads, value_heads) // FLA_ROWS_PER_BLOCK) + 1
+    assert {r for r, _ in shapes} >= set(range(1, min(32, max_tokens) + 1))
     multimodal = types.SimpleNamespace(get_text_config=lambda: hybrid)
-    assert prefill_sweep_lengths(multimodal, max_tokens) == lengths
-    assert prefill_sweep_lengths(types.SimpleNamespace(layer_types=["full_attention"]), max_tokens) == []
-    assert prefill_sweep_lengths(hybrid, 0) == []
+    assert prefill_warm_shapes(multimodal, max_tokens=max_tokens, context_length=context, max_batch=32) == shapes
+    dense = types.SimpleNamespace(layer_types=["full_attention"])
+    assert prefill_warm_shapes(dense, max_tokens=max_tokens, context_length=context, max_batch=32) == []
+    assert prefill_warm_shapes(hybrid, max_tokens=max_tokens, context_length=1, max_batch=32) == []
 
 
 def test_decode_choice_is_validated():
