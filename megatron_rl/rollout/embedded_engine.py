@@ -41,9 +41,9 @@ PAUSE_MODES = ("abort", "in_place", "retract")
 MAX_WAVE_FAILURES = 3  # consecutive failed waves before the scheduler gives up (and /health fails)
 DECODE_PATHS = ("auto", "slots", "dynamic")
 SLOW_PREFILL_S = 2.0  # one prefill forward longer than this is logged with its shape
-#: fla's norm kernels inside a Gated DeltaNet layer (the q/k L2 norm of its delta rule, the gated RMSNorm) autotune
-#: on NB = cdiv(rows, 2048 * 32), rows = prefill tokens x heads (fla 0.4: ``fla/modules/l2norm.py``,
-#: ``fused_norm_gate.py``): every new NB costs seconds of Triton autotuning the first time a machine meets it
+#: fla's L2 norm of q and k inside its gated delta rule autotunes on NB = cdiv(rows, 2048 * 32), rows = prefill
+#: tokens x heads, NB a compile-time constant (fla 0.4: ``fla/modules/l2norm.py``; its gated RMSNorm keys the same
+#: way where a model uses it): every new NB costs ~8 s of Triton autotuning the first time a machine meets it
 FLA_ROWS_PER_BLOCK = 2048 * 32
 
 
