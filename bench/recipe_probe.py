@@ -30,10 +30,13 @@ PLAN_PREFIX = PLAN_HEADER + "1. x = torch"
 
 
 def forward_source(source: str) -> str:
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.FunctionDef) and node.name == "forward":
-            return ast.get_source_segment(source, node) or ""
-    raise ValueError("the reference has no forward()")
+    """The source of ``Model.forward`` (a helper module's own ``forward`` earlier in the file is not the task)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "forward":
+                    return ast.get_source_segment(source, item) or ""
+    raise ValueError("the reference has no Model.forward()")
 
 
 def messages(task, view: str) -> list[dict[str, str]]:

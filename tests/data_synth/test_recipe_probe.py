@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from data_synth.generate import GenConfig, generate_candidate
 from data_synth.taskset import write_task_set
 from megatron_rl.check_sync import write_tiny_model
@@ -39,3 +41,11 @@ def test_the_probe_scores_each_tasks_first_op_and_sees_a_random_model_depend_on_
     short = probe.main(["--model", model, "--tasks", tdir, "--view", "forward"])
     assert all(s["prompt_tokens"] < f["prompt_tokens"] for s, f in zip(short["per_task"], out["per_task"]))
     assert "def forward" in probe.forward_source(tasks[0].source)
+
+
+def test_the_forward_view_is_the_models_own_forward_not_a_helpers():
+    source = ("import torch\nclass Helper(torch.nn.Module):\n    def forward(self, x):\n        return torch.abs(x)\n"
+              "class Model(torch.nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n")
+    assert "torch.relu" in _probe_module().forward_source(source) and "abs" not in _probe_module().forward_source(source)
+    with pytest.raises(ValueError, match="Model.forward"):
+        _probe_module().forward_source("def forward(x):\n    return x\n")
