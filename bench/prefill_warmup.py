@@ -34,7 +34,7 @@ WAVES_AFTER = [("D", [530, 570, 610, 1100]), ("E", [530, 570, 610, 1150]), ("D",
 def main() -> int:
     import torch
 
-    from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig, prefill_warm_shapes
+    from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
     from megatron_rl.rollout.embedded_server import load_model
     from megatron_rl.rollout.sampling import RequestSampling
 
@@ -53,7 +53,7 @@ def main() -> int:
     model, _ = load_model(None, hf_config=cfg, device=torch.device(args.device), dtype=torch.bfloat16, init_seed=0)
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=32, gather_ms=5, decode="slots"))
     warm_shapes = engine._warm_prefill_buckets
-    engine._warm_prefill_buckets = lambda: None   # the request-only warm-up first; the shapes run between waves
+    engine._warm_prefill_buckets = lambda: []   # the request-only warm-up first; the shapes run between waves
     engine.start()
     t = time.perf_counter()
     engine.warm_up()
@@ -89,13 +89,8 @@ def main() -> int:
     for tag, lengths in WAVES_BEFORE:
         wave(tag, lengths, "request-only warm-up")
     t = time.perf_counter()
-    warm_shapes()
+    result["warm_shapes"] = warm_shapes()   # none on a CPU, where fla's kernels are not used
     result["warm_shapes_s"] = round(time.perf_counter() - t, 2)
-    # (the engine runs them on a GPU only: on a CPU fla's kernels are not used)
-    result["warm_shapes"] = prefill_warm_shapes(model.config, max_tokens=engine.config.max_prefill_tokens,
-                                                context_length=engine.context_length,
-                                                max_batch=engine.config.max_batch_size) \
-        if engine.device.type == "cuda" else []
     for tag, lengths in WAVES_AFTER:
         wave(tag, lengths, "after the prefill shapes")
     engine.shutdown()

@@ -248,15 +248,18 @@ class EmbeddedEngine:
         self._warm_prefill_buckets()
         return time.perf_counter() - t0
 
-    def _warm_prefill_buckets(self) -> None:
-        """On a GPU, the prefill shapes of :func:`prefill_warm_shapes`: otherwise each new autotuning key of
-        fla's kernels costs its autotuning (~8 s for the L2 norm's 30 configs, each compiled anew) inside
-        whichever rollout first meets it (on the H200: 9-13 s on every other RL step). Triton keeps the results
-        on disk, so a later start on the same machine only runs the forwards."""
+    def _warm_prefill_buckets(self) -> list[tuple[int, int]]:
+        """On a GPU, the prefill shapes of :func:`prefill_warm_shapes` (returned; none on a CPU, where fla's
+        kernels are not used): otherwise each new autotuning key of fla's kernels costs its autotuning (~8 s for
+        the L2 norm's 30 configs, each compiled anew) inside whichever rollout first meets it (on the H200: 9-13 s
+        on every other RL step). Triton keeps the results on disk, so a later start on the same machine only runs
+        the forwards."""
+        if self.device.type != "cuda":
+            return []
         shapes = prefill_warm_shapes(self.model.config, max_tokens=self.config.max_prefill_tokens,
                                      context_length=self.context_length, max_batch=self.config.max_batch_size)
-        if self.device.type != "cuda" or not shapes:
-            return
+        if not shapes:
+            return []
         from transformers import DynamicCache
 
         t0 = time.perf_counter()
@@ -271,6 +274,7 @@ class EmbeddedEngine:
             torch.cuda.synchronize(self.device)
         log.info("warm-up: %d prefill shapes (up to %d tokens, 1-%d rows) in %.1f s", len(shapes),
                  max(r * n for r, n in shapes), max(r for r, _ in shapes), time.perf_counter() - t0)
+        return shapes
 
     def shutdown(self) -> None:
         with self._cv:
