@@ -17,6 +17,7 @@ per task); the H200 run: ``python bench/verifier_fullsize.py --device cuda --out
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -29,6 +30,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench.common import emit_json  # noqa: E402
+from megatron_rl.fsutil import write_text_atomic  # noqa: E402
 
 ROWS, COLS = 4096, 393216
 H200_BYTES_PER_S = 4.8e12
@@ -180,6 +182,8 @@ def main() -> None:
     from verifier.evaluate import verify
     from verifier.tasks import load_task
 
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     rows = ROWS // args.scale
     nbytes = 2 * rows * COLS * 4          # one call reads its input and writes its output
     tmp = tempfile.mkdtemp(prefix="verifier-fullsize-")
@@ -213,7 +217,9 @@ def main() -> None:
             out["tasks"][name] = row
             print(f"[fullsize] {name}: {row['verdict']} speedup={r.speedup} wall={wall:.1f}s exclusive="
                   f"{row['device_exclusive_s']}s bound={row['bandwidth_bound']['seconds']}s phases="
-                  f"{row['phase_seconds']}", file=sys.stderr, flush=True)
+                  f"{row['phase_seconds']} handover={row['handover']}", file=sys.stderr, flush=True)
+            if args.out:   # each task's row is kept even if a later one runs out of time
+                write_text_atomic(args.out, json.dumps(out, indent=1, default=str) + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     emit_json(out, args.out, indent=1, default=str)

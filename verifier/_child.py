@@ -601,11 +601,13 @@ class DeviceSession:
         self.task = _load_module(TASK_MODULE_NAME, task_path)
 
     # -- helpers --------------------------------------------------------------------------------
-    def _save(self, out, sample: tuple[int, int] | None = None) -> dict:
+    def _save(self, out, sample: tuple[int, int] | None = None, device_out: dict | None = None) -> dict:
         """Hand ``out`` over in a sealed memfd. With ``sample`` (seed, k: sent by the parent after the call
         returned) a tensor that ``correctness.sample_index`` samples (more than max(k, 192) entries) travels as
         the entries it picks (its full shape in ``shapes``), gathered on its device: a few MB instead of
-        gigabytes."""
+        gigabytes. With ``device_out`` (a buffer the parent exported: ``verifier.device_handover``) the tensors
+        are copied into it instead, where that works (else the memfd, with the reason in ``device_error``)."""
+        from verifier import device_handover   # torch-importing modules load after isolation (module docstring)
         from verifier.correctness import flatten_outputs, sample_index
         leaves, spec = flatten_outputs(out)
         tensors, values, types, shapes = {}, {}, [], {}
@@ -623,8 +625,15 @@ class DeviceSession:
                 values[str(i)] = leaf
             else:
                 values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
-        fd = self._sealed("verifier-out", tensors)
-        return {"fd": fd, "spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
+        reply = {"spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
+        if device_out is not None and sample is None:
+            try:
+                reply["device_layout"] = device_handover.write_outputs(device_out, tensors, self.device, tb)
+                return reply
+            except Exception as e:   # the memfd still works: say why the device handover did not
+                reply["device_error"] = f"{type(e).__name__}: {e}"[:300]
+        reply["fd"] = self._sealed("verifier-out", tensors)
+        return reply
 
     def _sealed(self, name: str, tensors: dict) -> int:
         """``tensors`` in a sealed memfd, its descriptor kept until ``close_handed``: once the parent has read the
@@ -797,7 +806,7 @@ class DeviceSession:
             if msg.get("commit_k"):
                 reply.update(self._timed(ms, "trial_commit", lambda: self._commit([out], int(msg["commit_k"]))))
         else:
-            reply.update(self._timed(ms, "trial_save", lambda: self._save(out)))
+            reply.update(self._timed(ms, "trial_save", lambda: self._save(out, device_out=msg.get("device_out"))))
             self._restore(restore)
         reply.update(self._common())
         return reply

