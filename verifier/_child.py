@@ -410,6 +410,7 @@ class DeviceSession:
         self._precision = self.backend.reference_precision()
         self._precision.__enter__()                        # TF32 off for the reference timed here too
         self._warm_profiler()
+        self._warm_digests()
         self.task = None                                   # arrives with the "load" request
         self.client = ExtensionClient(chan, self.backend)
         self.client.install()
@@ -596,6 +597,17 @@ class DeviceSession:
             (x + 1).sum()
             self.timer.synchronize()
 
+    def _warm_digests(self) -> None:
+        """Build the output commitment's digest kernel (``verifier.digest_kernel``: one Triton build per entry
+        size, a second or two each in the child's fresh Triton cache) before any candidate is known, as for the
+        profiler: a full-size check commits after every timed batch, with the device held alone."""
+        from verifier.correctness import block_digests
+        from verifier.digest_kernel import available
+        probe = self.torch.zeros(64 * 17, dtype=self.torch.uint8, device=self.device)
+        if available(probe):
+            for dtype in (self.torch.uint8, self.torch.float16, self.torch.float32, self.torch.float64):
+                block_digests(probe.to(dtype))
+
     def load(self, task_path: str) -> None:
         from verifier.static_checks import TASK_MODULE_NAME
         self.task = _load_module(TASK_MODULE_NAME, task_path)
@@ -646,10 +658,12 @@ class DeviceSession:
         self.handed.append(fd)
         return fd
 
-    def _commit(self, outputs: list, k: int) -> dict:
+    def _commit(self, outputs: list, k: int, device_out: dict | None = None) -> dict:
         """Digests (``correctness.block_digests``, on the outputs' device) of every tensor of more than ``k``
-        entries of each of ``outputs`` (one per call), handed over in a sealed memfd now, before the parent has
-        drawn the seed that picks the entries to compare: see the commitments note in verifier/correctness.py."""
+        entries of each of ``outputs`` (one per call), handed over now, before the parent has drawn the seed that
+        picks the entries to compare (see the commitments note in verifier/correctness.py): into the device
+        buffer the parent offered (``device_out``) where that works, else in a sealed memfd."""
+        from verifier import device_handover   # torch-importing modules load after isolation (module docstring)
         from verifier.correctness import block_digests, committable, flatten_outputs
         digests = {}
         for rep, out in enumerate(outputs):
@@ -657,7 +671,14 @@ class DeviceSession:
             for i, leaf in enumerate(leaves):
                 if type(leaf) is self.torch.Tensor and leaf.numel() > k and committable(leaf):
                     digests[f"d{rep}_{i}"] = block_digests(leaf)
-        return {"commit_fd": self._sealed("verifier-commit", digests)}
+        reply = {}
+        if device_out is not None:
+            try:
+                return {"commit_layout": device_handover.write_outputs(device_out, digests, self.device, self._tb)}
+            except Exception as e:   # the memfd still works: say why the device handover did not
+                reply["device_error"] = f"{type(e).__name__}: {e}"[:300]
+        reply["commit_fd"] = self._sealed("verifier-commit", digests)
+        return reply
 
     def close_handed(self) -> None:
         """Drop this process's descriptors of outputs already sent (the parent holds its own by now)."""
@@ -804,7 +825,8 @@ class DeviceSession:
         if msg.get("hold"):   # the parent asks for a sample of the output next ("collect"), picked only now
             self.held = (out, restore)
             if msg.get("commit_k"):
-                reply.update(self._timed(ms, "trial_commit", lambda: self._commit([out], int(msg["commit_k"]))))
+                reply.update(self._timed(ms, "trial_commit", lambda: self._commit([out], int(msg["commit_k"]),
+                                                                                  msg.get("commit_out"))))
         else:
             reply.update(self._timed(ms, "trial_save", lambda: self._save(out, device_out=msg.get("device_out"))))
             self._restore(restore)
@@ -938,7 +960,8 @@ class DeviceSession:
             return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
                                                                  "message": "no timed output to commit to"}}
         ms = {}
-        reply = self._timed(ms, "commit", lambda: self._commit(self.last_cand, int(msg["commit_k"])))
+        reply = self._timed(ms, "commit", lambda: self._commit(self.last_cand, int(msg["commit_k"]),
+                                                                msg.get("commit_out")))
         reply.update(op="committed", harness_ms=ms, **self._common())
         return reply
 

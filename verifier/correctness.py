@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
+from . import digest_kernel
+
 _CHUNK = 1 << 24  # elements per comparison chunk (bounds float64 temporaries)
 
 
@@ -327,11 +329,21 @@ def _digest_words(words: torch.Tensor) -> torch.Tensor:
     return x[:, :, 0].t().contiguous()
 
 
+def _digest_words_fused(words: torch.Tensor) -> torch.Tensor:
+    """``_digest_words`` through the fused kernel; its torch form where the kernel cannot be built or launched
+    here (no compiler, an unwritable Triton cache), which is slower and never different."""
+    try:
+        return digest_kernel.digest_words(words, _WORD_KEYS, _LEVEL_MULS, _FMIX_MUL)
+    except Exception:
+        return _digest_words(words)
+
+
 def block_digests(t: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """[blocks, DIGEST_LANES] int64 digests of each block of COMMIT_BLOCK consecutive entries of ``t``
     (flattened; the last block zero-padded), computed on ``t``'s device in chunks of ``chunk`` entries (bounded
     int64 temporaries). Equal on any device and for any chunking. The default chunk keeps a CPU's temporaries in
-    cache (4x faster than 2^24 entries on a 400 MB output) and a GPU's launches few."""
+    cache (4x faster than 2^24 entries on a 400 MB output) and a GPU's launches few. On a CUDA device with Triton
+    the digests come from one fused kernel (``verifier.digest_kernel``: the same function, bit for bit)."""
     if chunk is None:
         chunk = 1 << 18 if t.device.type == "cpu" else 1 << 24
     flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)   # lazy conj/neg views: their values
@@ -349,7 +361,8 @@ def block_digests(t: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
             words = part.view(torch.int64)
         except RuntimeError:   # not 8-byte aligned in its storage
             words = part.clone().view(torch.int64)
-        parts.append(_digest_words(words.view(-1, block_bytes // 8)))
+        words = words.view(-1, block_bytes // 8)
+        parts.append(_digest_words_fused(words) if digest_kernel.available(words) else _digest_words(words))
     if not parts:
         return torch.zeros(0, DIGEST_LANES, dtype=torch.int64, device=flat.device)
     return torch.cat(parts)
@@ -371,7 +384,8 @@ def uncommitted_entry(values: torch.Tensor, picks: torch.Tensor, numel: int, dig
     if not bool(whole.any()):
         return None
     got = block_digests(values.detach().reshape(-1, COMMIT_BLOCK)[whole.to(values.device)].reshape(-1)).cpu()
-    bad = (got != digests.cpu()[starts[whole] // COMMIT_BLOCK]).any(dim=1).nonzero()
+    committed = digests[(starts[whole] // COMMIT_BLOCK).to(digests.device)].cpu()   # no copy of all of them
+    bad = (got != committed).any(dim=1).nonzero()
     return int(starts[whole][bad[0, 0]]) if bad.numel() else None
 
 

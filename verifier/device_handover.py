@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -212,17 +212,21 @@ def write_outputs(message: Any, tensors: dict[str, torch.Tensor], device: torch.
     return layout
 
 
-def read_outputs(snapshot: torch.Tensor, layout: Any, ref_leaves: list) -> dict[str, torch.Tensor]:
-    """Parent side: the outputs a child laid out in ``snapshot`` (``ExportedBuffer.snapshot``), as views of it.
-    The layout is checked entry by entry (``DeviceHandoverError`` names what is wrong); an output whose dtype or
-    shape differs from the reference leaf at its position is an empty meta tensor of what the child claimed."""
+def output_index(key: Any) -> int:
+    """N of an output's key ``outN``; -1 for anything else."""
+    return int(key[3:]) if isinstance(key, str) and key.startswith("out") and key[3:].isdigit() else -1
+
+
+def read_layout(snapshot: torch.Tensor, layout: Any, valid_key: Callable[[Any], bool]) -> dict[str, torch.Tensor]:
+    """Parent side: the tensors a child laid out in ``snapshot`` (``ExportedBuffer.snapshot``), as views of it.
+    The layout is checked entry by entry (``DeviceHandoverError`` names what is wrong): keys ``valid_key``
+    accepts, known dtypes, sane shapes, aligned offsets, every tensor inside the buffer."""
     if not isinstance(layout, dict) or len(layout) > 10000:
         raise DeviceHandoverError("malformed output layout")
     total = snapshot.numel()
     out = {}
     for key, entry in layout.items():
-        index = int(key[3:]) if isinstance(key, str) and key.startswith("out") and key[3:].isdigit() else -1
-        if index < 0 or not isinstance(entry, dict):
+        if not valid_key(key) or not isinstance(entry, dict):
             raise DeviceHandoverError(f"malformed output layout entry {str(key)[:40]!r}")
         dtype, shape, offset = DTYPES.get(entry.get("dtype")), entry.get("shape"), entry.get("offset")
         if dtype is None:
@@ -238,9 +242,17 @@ def read_outputs(snapshot: torch.Tensor, layout: Any, ref_leaves: list) -> dict[
         nbytes = numel * dtype.itemsize
         if offset + nbytes > total:
             raise DeviceHandoverError(f"output {key}: {nbytes} bytes at {offset} run past the {total}-byte buffer")
+        out[key] = snapshot.narrow(0, offset, nbytes).view(dtype).reshape(shape)
+    return out
+
+
+def read_outputs(snapshot: torch.Tensor, layout: Any, ref_leaves: list) -> dict[str, torch.Tensor]:
+    """``read_layout`` of a trial's outputs (keys ``outN``); an output whose dtype or shape differs from the
+    reference leaf at its position is an empty meta tensor of what the child claimed, as in the memfd path."""
+    out = read_layout(snapshot, layout, lambda key: output_index(key) >= 0)
+    for key, t in out.items():
+        index = output_index(key)
         ref = ref_leaves[index] if index < len(ref_leaves) else None
-        if not isinstance(ref, torch.Tensor) or list(ref.shape) != shape or ref.dtype != dtype:
-            out[key] = torch.empty(shape, dtype=dtype, device="meta")
-        else:
-            out[key] = snapshot.narrow(0, offset, nbytes).view(dtype).reshape(shape)
+        if not isinstance(ref, torch.Tensor) or ref.shape != t.shape or ref.dtype != t.dtype:
+            out[key] = torch.empty(t.shape, dtype=t.dtype, device="meta")
     return out

@@ -46,8 +46,8 @@ from typing import Any
 from . import device_handover, feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
-from .correctness import (COMPLEX128_KEYS, DIGEST_LANES, _unravel, compare_outputs, flatten_outputs, same_structure,
-                          sample_index, spec_summary, squared_error, uncommitted_entry)
+from .correctness import (COMMIT_BLOCK, COMPLEX128_KEYS, DIGEST_LANES, _unravel, committable, compare_outputs,
+                          flatten_outputs, same_structure, sample_index, spec_summary, squared_error, uncommitted_entry)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -166,12 +166,15 @@ _TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dic
                  "subclass_outputs": list, "devices": list, "aliases_input": bool, "inputs_modified": bool,
                  "aten_ops": dict, "device_kernels": dict, "timer_patched": list, "native_calls": int,
                  "violations": list, "background_cpu_ms": (int, float), "threads_started": int,
-                 "ablation": dict, "shapes": dict, "commit_fd": int, "device_layout": dict, "device_error": str}
+                 "ablation": dict, "shapes": dict, "commit_fd": int, "device_layout": dict, "device_error": str,
+                 "commit_layout": dict}
 # a precision probe flags a candidate whose error against the reference reaches this share of the error that
 # rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
 PRECISION_PROBE_RATIO = 0.5
 # device memory left free beside a full handover's buffer and this process's snapshot of it
 DEVICE_HANDOVER_HEADROOM = 1 << 30
+# the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size)
+DEVICE_HANDOVER_SHARED_MAX_BYTES = 256 << 20
 # ... and is this many times the float32 reference's own error (against float64, at least one ulp of the output
 # scale): where rounding to float16 changes the output less than float32 arithmetic does (a loss reduced to one
 # scalar), no precision can be told apart and nothing is flagged
@@ -198,6 +201,14 @@ def _count(value: Any) -> int:
     """A child-reported byte count as a non-negative int (0 when it is not a finite number)."""
     v = _number(value, 0.0)
     return int(v) if math.isfinite(v) and v > 0 else 0
+
+
+def _commitment_key(key: Any) -> tuple[int, int] | None:
+    """(call, output) of a commitment's key ``d<call>_<output>``; None for anything else."""
+    if not isinstance(key, str) or not key.startswith("d") or len(key) > 40:
+        return None
+    rep_s, _, out_s = key[1:].partition("_")
+    return (int(rep_s), int(out_s)) if rep_s.isdigit() and out_s.isdigit() else None
 
 
 def _checked(msg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -275,10 +286,10 @@ class _DeviceStage:
     _batch_commit: dict | None = None   # the last timed batch's output digests by (call, output), for its audits
     _batch_calls = 1                    # calls in that batch
     _ref_out_bytes = 0                  # bytes of one reference output (sizes what a commitment may take)
-    _device_out: device_handover.ExportedBuffer | None = None   # the buffer offered for full handovers
-    _device_snapshot = None             # this process's copy of it, taken on the child's reply
-    _device_off: str | None = None      # why full handovers stopped being offered on the device
+    _device_snapshot = None             # this process's copy of the output buffer, taken on the child's reply
+    _device_off: str | None = None      # why handovers stopped being offered on the device
     _ref_buffer_bytes = 0               # device buffer one reference call's tensor outputs need
+    _ref_commit_bytes = 0               # ... and their commitment (the digests of its large outputs)
     alone = False     # the stage has the device to itself from the candidate's import on
 
     def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
@@ -299,6 +310,8 @@ class _DeviceStage:
         self.use: DeviceUse | None = None    # this stage's hold on the device (``verifier.device_lock``)
         self._held_since: float | None = None   # when the current exclusive hold began
         self._costs: dict[str, list] = {}      # seconds and counts of the parent's own work, by kind
+        # device buffers offered for handovers ("out": full outputs, "commit": commitments), by kind
+        self._device_bufs: dict[str, device_handover.ExportedBuffer] = {}
 
     @contextlib.contextmanager
     def _cost(self, name: str):
@@ -346,6 +359,9 @@ class _DeviceStage:
         self.backend.synchronize_fn()()
         leaves, spec = flatten_outputs(out)
         self._ref_buffer_bytes = device_handover.buffer_bytes(leaves)
+        self._ref_commit_bytes = sum(device_handover.aligned(-(-t.numel() // COMMIT_BLOCK) * DIGEST_LANES * 8)
+                                     for t in leaves if isinstance(t, torch.Tensor) and committable(t)
+                                     and t.numel() > self.cfg.output_sample_elements)
         mutates = any(b is not None and not torch.equal(a, b) for a, b in zip(args, before))
         ranges = [(a.untyped_storage().data_ptr(), a.untyped_storage().data_ptr() + a.untyped_storage().nbytes())
                   for a in args if isinstance(a, torch.Tensor) and a.numel()]
@@ -354,48 +370,56 @@ class _DeviceStage:
             for lo, hi in ranges) for o in leaves)
         return leaves, spec, mutates, aliases
 
-    def _device_offer(self) -> dict[str, Any] | None:
-        """The device buffer offered for a full handover (its handle and size), or None where the memfd is used:
-        not CUDA, outputs too small to be worth it, not enough free device memory for the buffer and this
-        process's snapshot of it, or an earlier failure (``details["handover"]["device_off"]`` says which)."""
+    def _device_offer(self, kind: str, nbytes: int) -> dict[str, Any] | None:
+        """The device buffer of ``kind`` offered for a handover of ``nbytes`` (its handle and size), or None where
+        the memfd is used: not CUDA, too small to be worth it, not enough free device memory for the buffer and
+        this process's snapshot of it, or an earlier failure (``details["handover"]["device_off"]`` says which)."""
         import torch
-        cfg, nbytes = self.cfg, self._ref_buffer_bytes
+        cfg = self.cfg
         if cfg.backend != "cuda" or cfg.device_handover_above_bytes is None or self._device_off \
                 or nbytes <= cfg.device_handover_above_bytes:
             return None
-        if self._device_out is None or self._device_out.nbytes < nbytes:
-            self._close_device_buffer()
+        if not self.alone and 2 * nbytes > DEVICE_HANDOVER_SHARED_MAX_BYTES:
+            return None   # memory the footprint estimate did not count, while other stages share the device
+
+        buf = self._device_bufs.get(kind)
+        if buf is None or buf.nbytes < nbytes:
+            self._close_device_buffers(kind)
             free = torch.cuda.mem_get_info(self.device)[0]
             if free < 2 * nbytes + DEVICE_HANDOVER_HEADROOM:
                 self._device_off = f"{free} bytes free on the device, {2 * nbytes} needed"
             else:
                 try:
-                    self._device_out = device_handover.ExportedBuffer(nbytes, self.device)
+                    buf = self._device_bufs[kind] = device_handover.ExportedBuffer(nbytes, self.device)
                 except device_handover.DeviceHandoverError as e:
                     self._device_off = str(e)
             if self._device_off:
                 self.details.setdefault("handover", {"full": 0, "sampled": 0, "bytes": 0})["device_off"] = \
                     self._device_off
                 return None
-        return self._device_out.message()
+        return buf.message()
 
     @_costed("handover_snapshot")
-    def _take_device_snapshot(self, report: dict[str, Any]) -> None:
-        """On the child's reply, before anything else runs: this process's own copy of the offered buffer, where
-        the child says it wrote its outputs there; otherwise the reason it did not (``device_error``)."""
-        if "device_layout" in report:
-            self._device_snapshot = self._device_out.snapshot()
-        elif "device_error" in report:
+    def _snapshot(self, kind: str, report: dict[str, Any], layout_key: str):
+        """On the child's reply, before anything else runs: this process's own copy of the buffer of ``kind``
+        where the child says (``layout_key``) it wrote there; None, with the reason noted, where it did not."""
+        if layout_key in report:
+            return self._device_bufs[kind].snapshot()
+        if "device_error" in report:
             self.details.setdefault("handover", {"full": 0, "sampled": 0, "bytes": 0})["device_error"] = \
                 str(report["device_error"])[:300]
+        return None
 
-    def _close_device_buffer(self) -> None:
-        buf, self._device_out, self._device_snapshot = self._device_out, None, None
-        if buf is not None:
-            try:
-                buf.close()
-            except device_handover.DeviceHandoverError as e:
-                self.details["device_buffer_close"] = str(e)[:200]
+    def _close_device_buffers(self, *kinds: str) -> None:
+        for kind in kinds or list(self._device_bufs):
+            buf = self._device_bufs.pop(kind, None)
+            if buf is not None:
+                try:
+                    buf.close()
+                except device_handover.DeviceHandoverError as e:
+                    self.details["device_buffer_close"] = str(e)[:200]
+        if not kinds or "out" in kinds:
+            self._device_snapshot = None
 
     def _sample_seed(self) -> tuple[int, int] | None:
         """(seed, entries) of a sampled handover, drawn now (after the call whose output it picks), or None
@@ -475,12 +499,28 @@ class _DeviceStage:
                     "what the call returned"), rule="sample_fixup", q=1.0)
 
     @_costed("handover_read")
-    def _read_commitment(self, report: dict[str, Any], limit: int) -> dict[tuple[int, int], Any]:
-        """The output digests the child committed to (``commit_fd``: a sealed memfd, opened and checked before
-        the parent draws the seed, so nothing can change them afterwards), by (call, output)."""
+    def _read_commitment(self, report: dict[str, Any], limit: int, offered: bool = False
+                         ) -> dict[tuple[int, int], Any]:
+        """The output digests the child committed to, by (call, output): from this process's snapshot of the
+        device buffer ``offered`` for them (``commit_layout``), or from a sealed memfd (``commit_fd``), opened and
+        checked before the parent draws the seed. Either way nothing can change them afterwards."""
         import torch
         from safetensors import safe_open
 
+        snapshot = self._snapshot("commit", report, "commit_layout") if offered else None
+        if snapshot is not None or "commit_layout" in report:
+            if snapshot is None:
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
+                    "harness", "a commitment laid out in a device buffer that was not offered"))
+            try:
+                views = device_handover.read_layout(snapshot, report["commit_layout"], _commitment_key)
+            except device_handover.DeviceHandoverError as e:
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(
+                    "harness", f"unusable commitment: {e}")) from None
+            out = {_commitment_key(k): d for k, d in views.items()}
+            if not all(d.dtype == torch.int64 and d.dim() == 2 and d.shape[1] == DIGEST_LANES for d in out.values()):
+                raise _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error("harness", "malformed output commitment"))
+            return out
         fd = self._open_sealed_output(report.get("commit_fd"))
         out = {}
         try:
@@ -489,9 +529,8 @@ class _DeviceStage:
             try:
                 with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
                     for key in f.keys():
-                        rep_s, _, out_s = key[1:].partition("_")
-                        if key.startswith("d") and rep_s.isdigit() and out_s.isdigit():
-                            out[(int(rep_s), int(out_s))] = f.get_tensor(key)
+                        if _commitment_key(key):
+                            out[_commitment_key(key)] = f.get_tensor(key)
             except _Verdict:
                 raise
             except Exception as e:
@@ -893,7 +932,8 @@ class _DeviceStage:
                 exit_info = self.child.close(grace_s=2.0 if not timed_out else 0.0, timed_out=timed_out)
                 self.details.setdefault("child_exit", exit_info.describe())
                 self.details["child_output_bytes"] = exit_info.stdout_bytes + exit_info.stderr_bytes
-            self._close_device_buffer()   # after the child is gone: nothing maps it any more
+            if self.__dict__.get("_device_bufs"):
+                self._close_device_buffers()   # after the child is gone: nothing maps them any more
             if self.workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             if self.backend.is_gpu:
@@ -1050,17 +1090,19 @@ class _DeviceStage:
         entries of a seed drawn only once the commitment is sealed ("collect"). A full handover goes through a
         device buffer where one can be offered (``_device_offer``), else through a sealed memfd."""
         hold = self.sampled and not full
-        offer = None if hold else self._device_offer()
+        offer = self._device_offer("commit", self._ref_commit_bytes) if hold \
+            else self._device_offer("out", self._ref_buffer_bytes)
         msg = {"op": "trial", "seed": seed, **({"ablate": True} if ablate else {}),
                **({"hold": True, "commit_k": self.cfg.output_sample_elements} if hold else {}),
-               **({"device_out": offer} if offer else {})}
+               **({"commit_out" if hold else "device_out": offer} if offer else {})}
         report = _checked(self._ask(msg, "trial_done"), _TRIAL_FIELDS)
         self._device_snapshot = None
-        if offer is not None:
-            self._take_device_snapshot(report)
         if not hold:
+            if offer is not None:
+                self._device_snapshot = self._snapshot("out", report, "device_layout")
             return report, None, None
-        commitment = {i: d for (_, i), d in self._read_commitment(report, self._commit_limit()).items()}
+        commitment = {i: d for (_, i), d in self._read_commitment(report, self._commit_limit(),
+                                                                   offered=offer is not None).items()}
         sample = self._sample_seed()
         got = _checked(self._ask({"op": "collect", "sample_seed": sample[0], "sample_k": sample[1]}, "collected"),
                        _TRIAL_FIELDS)
@@ -1241,10 +1283,13 @@ class _DeviceStage:
                     # a commitment to every batch (asking only for the audited ones would tell the child which
                     # those are), read and sealed before any audit draws its seed; the parent's check time
                     t_commit = time.monotonic()
-                    got = _checked(self._ask({"op": "commit", "commit_k": cfg.output_sample_elements}, "committed"),
-                                   {"commit_fd": int, **_INTEGRITY_FIELDS})
+                    offer = self._device_offer("commit", n * self._ref_commit_bytes)
+                    got = _checked(self._ask({"op": "commit", "commit_k": cfg.output_sample_elements,
+                                              **({"commit_out": offer} if offer else {})}, "committed"),
+                                   {"commit_fd": int, "commit_layout": dict, "device_error": str, **_INTEGRITY_FIELDS})
                     self._raise_runtime_violations(got, q=1.0)
-                    self._batch_commit, self._batch_calls = self._read_commitment(got, self._commit_limit(n)), n
+                    self._batch_commit, self._batch_calls = self._read_commitment(
+                        got, self._commit_limit(n), offered=offer is not None), n
                     audit_s += time.monotonic() - t_commit
                 rep_ms = [_number(x) for x in reply.get("rep_ms", [])]
                 if len(rep_ms) != n:

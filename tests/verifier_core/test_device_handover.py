@@ -94,8 +94,26 @@ def test_a_device_layout_nobody_offered_is_a_runtime_error():
 
 def test_the_device_handover_is_off_on_a_cpu_and_configurable():
     stage = _DeviceStage.__new__(_DeviceStage)
-    stage.cfg, stage._ref_buffer_bytes = VerifierConfig(backend="cpu"), 1 << 30
-    assert stage._device_offer() is None
+    stage.cfg = VerifierConfig(backend="cpu")
+    assert stage._device_offer("out", 1 << 30) is None and stage._device_offer("commit", 1 << 30) is None
     assert VerifierConfig(device_handover_above_bytes=None).device_handover_above_bytes is None
     with pytest.raises(ValueError, match="device_handover_above_bytes"):
         VerifierConfig(device_handover_above_bytes=-1)
+
+
+def test_a_commitment_laid_out_on_the_device_reads_back_and_a_malformed_one_is_refused():
+    digests = {"d0_0": torch.randint(-9, 9, (5, 2)), "d1_0": torch.randint(-9, 9, (3, 2))}
+    buf = torch.zeros(2 * dh.ALIGN, dtype=torch.uint8)
+    layout = dh.pack(digests, buf)
+    stage = _DeviceStage.__new__(_DeviceStage)
+    stage.details = {}
+    stage._snapshot = lambda kind, report, key: buf   # what the offered buffer held on the reply
+    got = stage._read_commitment({"commit_layout": layout}, 1 << 20, offered=True)
+    assert set(got) == {(0, 0), (1, 0)} and torch.equal(got[(1, 0)], digests["d1_0"])
+    with pytest.raises(_Verdict, match="malformed output commitment"):
+        stage._read_commitment({"commit_layout": dh.pack({"d0_0": torch.ones(4)}, buf)}, 1 << 20, offered=True)
+    with pytest.raises(_Verdict, match="unusable commitment"):
+        stage._read_commitment({"commit_layout": {"out0": layout["d0_0"]}}, 1 << 20, offered=True)
+    stage._snapshot = lambda kind, report, key: None
+    with pytest.raises(_Verdict, match="not offered"):
+        stage._read_commitment({"commit_layout": layout}, 1 << 20, offered=False)

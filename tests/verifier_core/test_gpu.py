@@ -86,8 +86,8 @@ def test_full_handovers_go_through_a_device_buffer(cfg):
     task = load_task(task_path("elementwise_add"))
     r = verify(task, HEADER.replace("{expr}", "ext.add(a, b)"), dev_cfg)
     assert r.category == Category.PASS, (r.feedback, r.details.get("handover"), r.details.get("traceback"))
-    info = r.details["handover"]
-    assert info["device"] == info["full"] >= 1 and not {"device_off", "device_error"} & set(info), info
+    info = r.details["handover"]   # the correctness trials and the ablation trial (audits use the memfd)
+    assert info["device"] >= 6 and not {"device_off", "device_error"} & set(info), info
     r = verify(task, HEADER.replace("{expr}", "ext.add(a, a)"), dev_cfg)
     assert r.category == Category.CORRECTNESS_ERROR, (r.feedback, r.details.get("handover"))
     assert r.details["handover"]["device"] >= 1
