@@ -381,7 +381,6 @@ class _DeviceStage:
             return None
         if not self.alone and 2 * nbytes > DEVICE_HANDOVER_SHARED_MAX_BYTES:
             return None   # memory the footprint estimate did not count, while other stages share the device
-
         buf = self._device_bufs.get(kind)
         if buf is None or buf.nbytes < nbytes:
             self._close_device_buffers(kind)
@@ -932,8 +931,7 @@ class _DeviceStage:
                 exit_info = self.child.close(grace_s=2.0 if not timed_out else 0.0, timed_out=timed_out)
                 self.details.setdefault("child_exit", exit_info.describe())
                 self.details["child_output_bytes"] = exit_info.stdout_bytes + exit_info.stderr_bytes
-            if self.__dict__.get("_device_bufs"):
-                self._close_device_buffers()   # after the child is gone: nothing maps them any more
+            self._close_device_buffers()   # after the child is gone: nothing maps them any more
             if self.workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             if self.backend.is_gpu:
