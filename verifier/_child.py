@@ -617,9 +617,7 @@ class DeviceSession:
         """Hand ``out`` over in a sealed memfd. With ``sample`` (seed, k: sent by the parent after the call
         returned) a tensor that ``correctness.sample_index`` samples (more than max(k, 192) entries) travels as
         the entries it picks (its full shape in ``shapes``), gathered on its device: a few MB instead of
-        gigabytes. With ``device_out`` (a buffer the parent exported: ``verifier.device_handover``) the tensors
-        are copied into it instead, where that works (else the memfd, with the reason in ``device_error``)."""
-        from verifier import device_handover   # torch-importing modules load after isolation (module docstring)
+        gigabytes. With ``device_out`` (a buffer the parent exported) a full handover goes there (``_hand_over``)."""
         from verifier.correctness import flatten_outputs, sample_index
         leaves, spec = flatten_outputs(out)
         tensors, values, types, shapes = {}, {}, [], {}
@@ -638,13 +636,22 @@ class DeviceSession:
             else:
                 values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
         reply = {"spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
-        if device_out is not None and sample is None:
+        reply.update(self._hand_over("verifier-out", tensors, device_out if sample is None else None, "device_layout",
+                                    "fd"))
+        return reply
+
+    def _hand_over(self, name: str, tensors: dict, device_out: dict | None, layout_key: str, fd_key: str) -> dict:
+        """``tensors`` copied into the device buffer the parent offered (``device_out``:
+        ``verifier.device_handover``), their layout under ``layout_key``, where that works; else in a sealed
+        memfd under ``fd_key``, with the reason the device handover did not work in ``device_error``."""
+        from verifier import device_handover   # torch-importing modules load after isolation (module docstring)
+        reply = {}
+        if device_out is not None:
             try:
-                reply["device_layout"] = device_handover.write_outputs(device_out, tensors, self.device, tb)
-                return reply
-            except Exception as e:   # the memfd still works: say why the device handover did not
+                return {layout_key: device_handover.write_outputs(device_out, tensors, self.device, self._tb)}
+            except Exception as e:   # the memfd still works
                 reply["device_error"] = f"{type(e).__name__}: {e}"[:300]
-        reply["fd"] = self._sealed("verifier-out", tensors)
+        reply[fd_key] = self._sealed(name, tensors)
         return reply
 
     def _sealed(self, name: str, tensors: dict) -> int:
@@ -662,8 +669,7 @@ class DeviceSession:
         """Digests (``correctness.block_digests``, on the outputs' device) of every tensor of more than ``k``
         entries of each of ``outputs`` (one per call), handed over now, before the parent has drawn the seed that
         picks the entries to compare (see the commitments note in verifier/correctness.py): into the device
-        buffer the parent offered (``device_out``) where that works, else in a sealed memfd."""
-        from verifier import device_handover   # torch-importing modules load after isolation (module docstring)
+        buffer the parent offered (``device_out``) where that works, else in a sealed memfd (``_hand_over``)."""
         from verifier.correctness import block_digests, committable, flatten_outputs
         digests = {}
         for rep, out in enumerate(outputs):
@@ -671,14 +677,7 @@ class DeviceSession:
             for i, leaf in enumerate(leaves):
                 if type(leaf) is self.torch.Tensor and leaf.numel() > k and committable(leaf):
                     digests[f"d{rep}_{i}"] = block_digests(leaf)
-        reply = {}
-        if device_out is not None:
-            try:
-                return {"commit_layout": device_handover.write_outputs(device_out, digests, self.device, self._tb)}
-            except Exception as e:   # the memfd still works: say why the device handover did not
-                reply["device_error"] = f"{type(e).__name__}: {e}"[:300]
-        reply["commit_fd"] = self._sealed("verifier-commit", digests)
-        return reply
+        return self._hand_over("verifier-commit", digests, device_out, "commit_layout", "commit_fd")
 
     def close_handed(self) -> None:
         """Drop this process's descriptors of outputs already sent (the parent holds its own by now)."""

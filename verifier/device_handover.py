@@ -36,6 +36,7 @@ class _IpcHandle(ctypes.Structure):
     """CUipcMemHandle, passed by value to cuIpcOpenMemHandle."""
     _fields_ = [("reserved", ctypes.c_char * _HANDLE_BYTES)]
 
+
 #: dtypes an output may have in a device handover, by the name the layout carries
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,

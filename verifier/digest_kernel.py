@@ -31,6 +31,16 @@ def available(t: torch.Tensor) -> bool:
     return t.is_cuda and _has_triton()
 
 
+@functools.cache
+def _on_device(word_keys: torch.Tensor, level_muls: torch.Tensor, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's [lanes, max W] keys and [levels, lanes] multipliers on ``device``, copied once per device
+    (a commitment digests a large output in many chunks; the constants are ``correctness``'s module tensors)."""
+    lanes = word_keys.shape[0]
+    return (word_keys.reshape(lanes, -1).to(device).contiguous(),
+            level_muls.reshape(level_muls.shape[0], lanes).to(device).contiguous())
+
+
 def digest_words(words: torch.Tensor, word_keys: torch.Tensor, level_muls: torch.Tensor,
                  fmix_muls: tuple[int, int]) -> torch.Tensor:
     """[blocks, W] int64 words (W a power of two) -> [blocks, lanes] int64 digests; the arguments are
@@ -40,8 +50,7 @@ def digest_words(words: torch.Tensor, word_keys: torch.Tensor, level_muls: torch
     lanes = word_keys.shape[0]
     levels = width.bit_length() - 1
     words = words.contiguous()
-    keys = word_keys.reshape(lanes, -1).to(words.device).contiguous()
-    muls = level_muls.reshape(level_muls.shape[0], lanes).to(words.device).contiguous()
+    keys, muls = _on_device(word_keys, level_muls, words.device)
     out = torch.empty(blocks, lanes, dtype=torch.int64, device=words.device)
     if blocks:
         rows = max(1, _BLOCK_ELEMS // width)

@@ -171,14 +171,14 @@ _TRIAL_FIELDS = {"fd": int, "spec": (str, dict), "n_outputs": int, "values": dic
 # a precision probe flags a candidate whose error against the reference reaches this share of the error that
 # rounding the inputs to float16 causes (an honest float32 kernel's error is thousands of times smaller)
 PRECISION_PROBE_RATIO = 0.5
-# device memory left free beside a full handover's buffer and this process's snapshot of it
-DEVICE_HANDOVER_HEADROOM = 1 << 30
-# the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size)
-DEVICE_HANDOVER_SHARED_MAX_BYTES = 256 << 20
 # ... and is this many times the float32 reference's own error (against float64, at least one ulp of the output
 # scale): where rounding to float16 changes the output less than float32 arithmetic does (a loss reduced to one
 # scalar), no precision can be told apart and nothing is flagged
 PRECISION_PROBE_FP32_FACTOR = 32.0
+# device memory left free beside a full handover's buffer and this process's snapshot of it
+DEVICE_HANDOVER_HEADROOM = 1 << 30
+# the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size)
+DEVICE_HANDOVER_SHARED_MAX_BYTES = 256 << 20
 # a runtime error that says the device ran out of memory (torch, CUDA/MUSA runtime, cuBLAS/muBLAS)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocation|STATUS_ALLOC_FAILED",
                             re.IGNORECASE)
