@@ -636,8 +636,8 @@ class DeviceSession:
             else:
                 values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
         reply = {"spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
-        reply.update(self._hand_over("verifier-out", tensors, device_out if sample is None else None, "device_layout",
-                                    "fd"))
+        full_offer = device_out if sample is None else None
+        reply.update(self._hand_over("verifier-out", tensors, full_offer, "device_layout", "fd"))
         return reply
 
     def _hand_over(self, name: str, tensors: dict, device_out: dict | None, layout_key: str, fd_key: str) -> dict:
