@@ -617,7 +617,7 @@ class DeviceSession:
         """Hand ``out`` over in a sealed memfd. With ``sample`` (seed, k: sent by the parent after the call
         returned) a tensor that ``correctness.sample_index`` samples (more than max(k, 192) entries) travels as
         the entries it picks (its full shape in ``shapes``), gathered on its device: a few MB instead of
-        gigabytes. With ``device_out`` (a buffer the parent exported) a full handover goes there (``_hand_over``)."""
+        gigabytes. With ``device_out`` (a buffer the parent exported) the handover goes there (``_hand_over``)."""
         from verifier.correctness import flatten_outputs, sample_index
         leaves, spec = flatten_outputs(out)
         tensors, values, types, shapes = {}, {}, [], {}
@@ -626,18 +626,18 @@ class DeviceSession:
             types.append(type(leaf).__name__)
             if issubclass(type(leaf), tb):
                 t = tb.detach(leaf)
-                idx = sample_index(tb.numel(t), int(sample[1]), int(sample[0]) + i) if sample else None
+                device = tb.device.__get__(t)
+                idx = sample_index(tb.numel(t), int(sample[1]), int(sample[0]) + i, device) if sample else None
                 if idx is not None:
                     shapes[str(i)] = list(tb.size(t))
-                    t = tb.index_select(tb.reshape(t, (-1,)), 0, tb.to(idx, tb.device.__get__(t)))
+                    t = tb.index_select(tb.reshape(t, (-1,)), 0, tb.to(idx, device))
                 tensors[f"out{i}"] = t
             elif leaf is None or type(leaf) in (bool, int, float):
                 values[str(i)] = leaf
             else:
                 values[str(i)] = f"<{type(leaf).__name__}>"   # never the candidate's __repr__
         reply = {"spec": spec, "types": types, "values": values, "n_outputs": len(leaves), "shapes": shapes}
-        full_offer = device_out if sample is None else None
-        reply.update(self._hand_over("verifier-out", tensors, full_offer, "device_layout", "fd"))
+        reply.update(self._hand_over("verifier-out", tensors, device_out, "device_layout", "fd"))
         return reply
 
     def _hand_over(self, name: str, tensors: dict, device_out: dict | None, layout_key: str, fd_key: str) -> dict:
@@ -665,18 +665,24 @@ class DeviceSession:
         self.handed.append(fd)
         return fd
 
-    def _commit(self, outputs: list, k: int, device_out: dict | None = None) -> dict:
+    def _commit(self, outputs: list, k: int, device_out: dict | None = None, ms: dict | None = None) -> dict:
         """Digests (``correctness.block_digests``, on the outputs' device) of every tensor of more than ``k``
         entries of each of ``outputs`` (one per call), handed over now, before the parent has drawn the seed that
         picks the entries to compare (see the commitments note in verifier/correctness.py): into the device
-        buffer the parent offered (``device_out``) where that works, else in a sealed memfd (``_hand_over``)."""
+        buffer the parent offered (``device_out``) where that works, else in a sealed memfd (``_hand_over``). The
+        digests' own time goes to ``ms["digests"]`` (the rest is their handover)."""
         from verifier.correctness import block_digests, committable, flatten_outputs
-        digests = {}
-        for rep, out in enumerate(outputs):
-            leaves, _ = flatten_outputs(out)
-            for i, leaf in enumerate(leaves):
-                if type(leaf) is self.torch.Tensor and leaf.numel() > k and committable(leaf):
-                    digests[f"d{rep}_{i}"] = block_digests(leaf)
+
+        def digest_all() -> dict:
+            digests = {}
+            for rep, out in enumerate(outputs):
+                leaves, _ = flatten_outputs(out)
+                for i, leaf in enumerate(leaves):
+                    if type(leaf) is self.torch.Tensor and leaf.numel() > k and committable(leaf):
+                        digests[f"d{rep}_{i}"] = block_digests(leaf)
+            self.timer.synchronize()
+            return digests
+        digests = self._timed(ms, "digests", digest_all) if ms is not None else digest_all()
         return self._hand_over("verifier-commit", digests, device_out, "commit_layout", "commit_fd")
 
     def close_handed(self) -> None:
@@ -844,8 +850,8 @@ class DeviceSession:
                                                                  "message": "no trial output to collect"}}
         (out, restore), self.held = self.held, None
         ms = {}
-        reply = self._timed(ms, "trial_save", lambda: self._save(out, (int(msg["sample_seed"]),
-                                                                        int(msg["sample_k"]))))
+        reply = self._timed(ms, "trial_save", lambda: self._save(out, (int(msg["sample_seed"]), int(msg["sample_k"])),
+                                                                  device_out=msg.get("device_out")))
         del out
         self._restore(restore)
         reply.update(op="collected", harness_ms=ms, **self._common())
@@ -960,7 +966,7 @@ class DeviceSession:
                                                                  "message": "no timed output to commit to"}}
         ms = {}
         reply = self._timed(ms, "commit", lambda: self._commit(self.last_cand, int(msg["commit_k"]),
-                                                                msg.get("commit_out")))
+                                                                msg.get("commit_out"), ms))
         reply.update(op="committed", harness_ms=ms, **self._common())
         return reply
 
@@ -971,7 +977,7 @@ class DeviceSession:
         ms = {}
         sample = (int(msg["sample_seed"]), int(msg["sample_k"])) if msg.get("sample_k") else None
         out = self.last_cand[int(msg.get("rep", 0)) % len(self.last_cand)]
-        reply = self._timed(ms, "audit_save", lambda: self._save(out, sample))
+        reply = self._timed(ms, "audit_save", lambda: self._save(out, sample, device_out=msg.get("device_out")))
         reply["op"] = "audited"
         reply["harness_ms"] = ms
         reply.update(self._common())

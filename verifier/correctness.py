@@ -231,13 +231,19 @@ def _finite_chunk(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) ->
 SAMPLE_BLOCK = 64   # entries of one sampled block (256 contiguous bytes of float32: cache lines, coalesced reads)
 
 
-def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
-    """Flat indices (int64, host, sorted) of a random sample of about ``k`` of ``numel`` entries, or None when
-    ``numel <= max(k, 3 * SAMPLE_BLOCK)`` (every entry is compared). Blocks of ``SAMPLE_BLOCK`` consecutive
-    entries at random block positions, plus the first and the last block (where off-by-one bounds fail), drawn
-    on the host from ``seed`` alone: the parent and the child compute the same indices. The parent picks the
-    seed only after the call whose output is sampled has returned, so no kernel can know which entries are
-    compared."""
+def sample_entries(numel: int, k: int) -> int:
+    """The most entries ``sample_index`` picks of ``numel`` (all of them where it samples none)."""
+    return numel if numel <= max(k, 3 * SAMPLE_BLOCK) else max(k // SAMPLE_BLOCK, 3) * SAMPLE_BLOCK
+
+
+def sample_index(numel: int, k: int, seed: int, device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Flat indices (int64, sorted, on ``device``: the host by default) of a random sample of about ``k`` of
+    ``numel`` entries, or None when ``numel <= max(k, 3 * SAMPLE_BLOCK)`` (every entry is compared). Blocks of
+    ``SAMPLE_BLOCK`` consecutive entries at random block positions, plus the first and the last block (where
+    off-by-one bounds fail), drawn on the host from ``seed`` alone: the parent and the child compute the same
+    indices. The parent picks the seed only after the call whose output is sampled has returned, so no kernel can
+    know which entries are compared. Only the block starts are drawn on the host; the indices (2^24 by default:
+    128 MB) are expanded on ``device``, where they are used."""
     if numel <= max(k, 3 * SAMPLE_BLOCK):
         return None
     # whole blocks even for a small k: the commitment checks aligned blocks of COMMIT_BLOCK entries only, so a
@@ -245,8 +251,8 @@ def sample_index(numel: int, k: int, seed: int) -> torch.Tensor | None:
     block = SAMPLE_BLOCK
     gen = torch.Generator().manual_seed(int(seed) % (1 << 63))
     starts = torch.randint(0, numel // block, (max(k // block - 2, 1),), generator=gen) * block
-    starts = torch.cat([torch.tensor([0, numel - block]), starts]).unique()   # sorted
-    return (starts[:, None] + torch.arange(block)).reshape(-1)
+    starts = torch.cat([torch.tensor([0, numel - block]), starts]).unique().to(device)   # sorted
+    return (starts[:, None] + torch.arange(block, device=starts.device)).reshape(-1)
 
 
 # ---------------------------------------------------------------------------------------------- commitments
@@ -340,32 +346,38 @@ def _digest_words_fused(words: torch.Tensor) -> torch.Tensor:
 
 def block_digests(t: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """[blocks, DIGEST_LANES] int64 digests of each block of COMMIT_BLOCK consecutive entries of ``t``
-    (flattened; the last block zero-padded), computed on ``t``'s device in chunks of ``chunk`` entries (bounded
-    int64 temporaries). Equal on any device and for any chunking. The default chunk keeps a CPU's temporaries in
-    cache (4x faster than 2^24 entries on a 400 MB output) and a GPU's launches few. On a CUDA device with Triton
-    the digests come from one fused kernel (``verifier.digest_kernel``: the same function, bit for bit)."""
-    if chunk is None:
-        chunk = 1 << 18 if t.device.type == "cpu" else 1 << 24
+    (flattened; the last block zero-padded), computed on ``t``'s device. Equal on any device and for any chunking.
+    On a CUDA device with Triton the digests come from one fused kernel (``verifier.digest_kernel``: the same
+    function, bit for bit) launched once over every whole block: it keeps no temporaries, and per-chunk launches
+    were most of a 6.4 GB output's commit on an H200. The torch form works in chunks of ``chunk`` entries (bounded
+    int64 temporaries); its default keeps a CPU's temporaries in cache (4x faster than 2^24 entries on a 400 MB
+    output) and a GPU's launches few. Only the partial last block is copied (to pad it)."""
     flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)   # lazy conj/neg views: their values
     entry = 1 if flat.dtype == torch.bool else flat.element_size()
     block_bytes = COMMIT_BLOCK * entry
     data = _raw_bytes(flat)
+    fused = digest_kernel.available(data)
+    if chunk is None:
+        chunk = 1 << 18 if t.device.type == "cpu" else 1 << 24
     chunk = max(COMMIT_BLOCK, chunk - chunk % COMMIT_BLOCK) * entry
-    parts = []
-    for start in range(0, data.numel(), chunk):
-        part = data[start:start + chunk]
-        pad = (-part.numel()) % block_bytes
-        if pad:
-            part = torch.cat([part, part.new_zeros(pad)])
+    whole = data.numel() - data.numel() % block_bytes
+    if fused:
+        chunk = max(whole, block_bytes)
+    parts = [data[start:min(start + chunk, whole)] for start in range(0, whole, chunk)]
+    if whole < data.numel():
+        tail = data[whole:]
+        parts.append(torch.cat([tail, tail.new_zeros(block_bytes - tail.numel())]))
+    digests = []
+    for part in parts:
         try:
             words = part.view(torch.int64)
         except RuntimeError:   # not 8-byte aligned in its storage
             words = part.clone().view(torch.int64)
         words = words.view(-1, block_bytes // 8)
-        parts.append(_digest_words_fused(words) if digest_kernel.available(words) else _digest_words(words))
-    if not parts:
+        digests.append(_digest_words_fused(words) if fused else _digest_words(words))
+    if not digests:
         return torch.zeros(0, DIGEST_LANES, dtype=torch.int64, device=flat.device)
-    return torch.cat(parts)
+    return torch.cat(digests) if len(digests) > 1 else digests[0]
 
 
 def uncommitted_entry(values: torch.Tensor, picks: torch.Tensor, numel: int, digests: torch.Tensor) -> int | None:
@@ -379,14 +391,14 @@ def uncommitted_entry(values: torch.Tensor, picks: torch.Tensor, numel: int, dig
         return int(picks[0])   # a commitment of another size commits to nothing
     rows = picks.view(-1, COMMIT_BLOCK)
     starts = rows[:, 0]
-    whole = ((rows == starts[:, None] + torch.arange(COMMIT_BLOCK)).all(dim=1) & (starts % COMMIT_BLOCK == 0)
-             & (starts + COMMIT_BLOCK <= numel))
+    whole = ((rows == starts[:, None] + torch.arange(COMMIT_BLOCK, device=rows.device)).all(dim=1)
+             & (starts % COMMIT_BLOCK == 0) & (starts + COMMIT_BLOCK <= numel))
     if not bool(whole.any()):
         return None
     got = block_digests(values.detach().reshape(-1, COMMIT_BLOCK)[whole.to(values.device)].reshape(-1)).cpu()
     committed = digests[(starts[whole] // COMMIT_BLOCK).to(digests.device)].cpu()   # no copy of all of them
     bad = (got != committed).any(dim=1).nonzero()
-    return int(starts[whole][bad[0, 0]]) if bad.numel() else None
+    return int(starts[whole][int(bad[0, 0])]) if bad.numel() else None
 
 
 def squared_error(got: Any, expected: Any) -> tuple[float, int]:

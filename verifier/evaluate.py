@@ -47,7 +47,8 @@ from . import device_handover, feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
 from .correctness import (COMMIT_BLOCK, COMPLEX128_KEYS, DIGEST_LANES, _unravel, committable, compare_outputs,
-                          flatten_outputs, same_structure, sample_index, spec_summary, squared_error, uncommitted_entry)
+                          flatten_outputs, same_structure, sample_entries, sample_index, spec_summary, squared_error,
+                          uncommitted_entry)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -290,6 +291,7 @@ class _DeviceStage:
     _device_off: str | None = None      # why handovers stopped being offered on the device
     _ref_buffer_bytes = 0               # device buffer one reference call's tensor outputs need
     _ref_commit_bytes = 0               # ... and their commitment (the digests of its large outputs)
+    _ref_sample_bytes = 0               # ... and a sampled handover of them (``sample_index``'s entries)
     alone = False     # the stage has the device to itself from the candidate's import on
 
     def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
@@ -310,7 +312,7 @@ class _DeviceStage:
         self.use: DeviceUse | None = None    # this stage's hold on the device (``verifier.device_lock``)
         self._held_since: float | None = None   # when the current exclusive hold began
         self._costs: dict[str, list] = {}      # seconds and counts of the parent's own work, by kind
-        # device buffers offered for handovers ("out": full outputs, "commit": commitments), by kind
+        # device buffers offered for handovers ("out": full outputs, "sample": sampled ones, "commit": commitments)
         self._device_bufs: dict[str, device_handover.ExportedBuffer] = {}
 
     @contextlib.contextmanager
@@ -359,6 +361,9 @@ class _DeviceStage:
         self.backend.synchronize_fn()()
         leaves, spec = flatten_outputs(out)
         self._ref_buffer_bytes = device_handover.buffer_bytes(leaves)
+        self._ref_sample_bytes = sum(   # as ``device_handover.buffer_bytes`` lays them out
+            device_handover.aligned(sample_entries(t.numel(), self.cfg.output_sample_elements) * t.element_size())
+            for t in leaves if isinstance(t, torch.Tensor))
         self._ref_commit_bytes = sum(device_handover.aligned(-(-t.numel() // COMMIT_BLOCK) * DIGEST_LANES * 8)
                                      for t in leaves if isinstance(t, torch.Tensor) and committable(t)
                                      and t.numel() > self.cfg.output_sample_elements)
@@ -425,8 +430,8 @@ class _DeviceStage:
         for a full one."""
         return (secrets.randbits(62), self.cfg.output_sample_elements) if self.sampled else None
 
-    @staticmethod
-    def _sample_view(ref_leaves: list, sample: tuple[int, int] | None) -> tuple[list, dict[int, Any]]:
+    @_costed("sample_view")
+    def _sample_view(self, ref_leaves: list, sample: tuple[int, int] | None) -> tuple[list, dict[int, Any]]:
         """The reference leaves as a sampled handover carries them (a tensor `sample_index` samples becomes the
         entries ``sample_index`` picks, drawn by this process from the seed it chose) and the picks by leaf."""
         import torch
@@ -434,7 +439,7 @@ class _DeviceStage:
             return list(ref_leaves), {}
         targets, picks = [], {}
         for i, r in enumerate(ref_leaves):
-            idx = sample_index(r.numel(), sample[1], sample[0] + i) if isinstance(r, torch.Tensor) else None
+            idx = sample_index(r.numel(), sample[1], sample[0] + i, r.device) if isinstance(r, torch.Tensor) else None
             if idx is None:
                 targets.append(r)
             else:
@@ -1001,7 +1006,7 @@ class _DeviceStage:
         for i, ref in enumerate(ref_leaves):
             idx = picks.get(i)
             if idx is None and isinstance(ref, torch.Tensor) and i < len(leaves):
-                idx = sample_index(ref.numel(), k, secrets.randbits(62))
+                idx = sample_index(ref.numel(), k, secrets.randbits(62), ref.device)
                 if idx is not None:
                     leaves[i] = pick(leaves[i], idx)
             if idx is not None:
@@ -1102,14 +1107,22 @@ class _DeviceStage:
         commitment = {i: d for (_, i), d in self._read_commitment(report, self._commit_limit(),
                                                                    offered=offer is not None).items()}
         sample = self._sample_seed()
-        got = _checked(self._ask({"op": "collect", "sample_seed": sample[0], "sample_k": sample[1]}, "collected"),
-                       _TRIAL_FIELDS)
+        got = self._ask_sampled({"op": "collect", "sample_seed": sample[0], "sample_k": sample[1]}, "collected")
         merged = dict(report)
-        for key in ("fd", "spec", "types", "values", "n_outputs", "shapes", "background_cpu_ms", "threads_started"):
+        for key in ("fd", "device_layout", "spec", "types", "values", "n_outputs", "shapes", "background_cpu_ms",
+                    "threads_started"):
             if key in got:
                 merged[key] = got[key]
         merged["violations"] = list(report.get("violations") or []) + list(got.get("violations") or [])
         return merged, sample, commitment
+
+    def _ask_sampled(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
+        """Ask for a sampled handover (``collect``, ``audit``), offering the device buffer for samples where one can
+        be offered (a few tens of MB that a memfd would carry through host memory), and snapshot it on the reply."""
+        offer = self._device_offer("sample", self._ref_sample_bytes)
+        report = _checked(self._ask({**msg, **({"device_out": offer} if offer else {})}, expect), _TRIAL_FIELDS)
+        self._device_snapshot = self._snapshot("sample", report, "device_layout") if offer else None
+        return report
 
     def _trial(self, ref_model, seed: int, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
@@ -1356,7 +1369,7 @@ class _DeviceStage:
     def _audit(self, ref_model, seed: int, rep: int = 0, trial: int | None = None) -> None:
         sample = self._sample_seed()   # drawn after the audited batch ran
         msg = {"op": "audit", "rep": rep, **({"sample_seed": sample[0], "sample_k": sample[1]} if sample else {})}
-        report = _checked(self._ask(msg, "audited"), _TRIAL_FIELDS)
+        report = self._ask_sampled(msg, "audited") if sample else _checked(self._ask(msg, "audited"), _TRIAL_FIELDS)
         self._raise_runtime_violations(report, q=1.0)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
         commitment = None

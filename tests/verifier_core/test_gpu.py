@@ -91,3 +91,20 @@ def test_full_handovers_go_through_a_device_buffer(cfg):
     r = verify(task, HEADER.replace("{expr}", "ext.add(a, a)"), dev_cfg)
     assert r.category == Category.CORRECTNESS_ERROR, (r.feedback, r.details.get("handover"))
     assert r.details["handover"]["device"] >= 1
+
+
+def test_sampled_handovers_and_commitments_go_through_device_buffers(cfg):
+    """Outputs sampled as a full-size task's are (every trial after the first, and the audits): the sample comes
+    back through the device buffer offered for samples and the commitment through its own, indices drawn on the
+    device; an honest kernel passes and a wrong one is caught from the sample."""
+    dev_cfg = dataclasses.replace(cfg, device_handover_above_bytes=0, sample_outputs_above_bytes=1024,
+                                  output_sample_elements=512)
+    task = load_task(task_path("elementwise_add"))
+    r = verify(task, HEADER.replace("{expr}", "ext.add(a, b)"), dev_cfg)
+    assert r.category == Category.PASS, (r.feedback, r.details.get("handover"), r.details.get("traceback"))
+    info = r.details["handover"]
+    assert info["sampled"] >= 4 and info["device"] >= info["sampled"] + 1, info
+    assert not {"device_off", "device_error"} & set(info), info
+    assert r.details["child_seconds"].get("digests", 0) > 0, r.details["child_seconds"]
+    r = verify(task, HEADER.replace("{expr}", "ext.add(a, a)"), dev_cfg)
+    assert r.category == Category.CORRECTNESS_ERROR, (r.feedback, r.details.get("handover"))

@@ -31,6 +31,15 @@ def test_sample_indices_are_reproducible_sorted_blocks_with_both_ends():
     assert sample_index(150, 16, 1) is None    # below three blocks, whatever k
 
 
+def test_sample_entries_bounds_every_sample_and_the_device_form_is_the_same():
+    """``sample_entries`` sizes the device buffer a sample is offered: no seed may pick more."""
+    from verifier.correctness import sample_entries
+    for numel, k in ((10_000, 256), (10_000, 1), (1 << 20, 4096), (4096, 512)):
+        assert max(sample_index(numel, k, seed).numel() for seed in range(20)) <= sample_entries(numel, k) < numel
+    assert sample_entries(256, 256) == 256 and sample_entries(150, 16) == 150
+    assert torch.equal(sample_index(1 << 20, 4096, 3, torch.device("cpu")), sample_index(1 << 20, 4096, 3))
+
+
 def test_a_small_sample_budget_still_samples_whole_committed_blocks():
     """output_sample_elements below 256 used to shrink the sampled blocks below COMMIT_BLOCK, so that no sampled
     entry was covered by the commitment: a fix-up of the sample went unseen."""
@@ -64,6 +73,7 @@ def test_large_outputs_are_handed_over_in_full_once_per_check(make_cfg):
     # one full output (4096 float32) plus samples of at most 256 entries
     assert h["bytes"] <= 4096 * 4 + h["sampled"] * 256 * 4
     assert [t.get("sampled", False) for t in large.details["trials"]] == [False, True, True, True, True]
+    assert large.details["child_seconds"]["digests"] > 0   # the timed batches' commitments, timed apart
     assert large.details["ablation"]["conclusive"] and not large.details["ablation"]["output_still_correct"]
 
 
