@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import time
 from pathlib import Path
@@ -220,6 +221,17 @@ def _parallel_meta(model_chunks) -> dict:
     }
 
 
+def _in_process_write_results() -> None:
+    """Our saves are synchronous: megatron's writer threads report their results in this process, so they get an
+    in-process queue. Left unset, megatron creates a ``multiprocessing.Manager`` queue from a *spawned* server
+    process on the first save: a fresh interpreter importing torch, 5-6 s of every process that saves (SFT, RFT
+    and RL runs; most checkpoint tests). Set only while megatron has none (an async caller's queue is kept)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, optimizer=None,
                     opt_param_scheduler=None, extra: dict | None = None, hf_config=None, *,
                     hf_assets_dir: str | os.PathLike | None = None) -> str:
@@ -253,6 +265,7 @@ def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, 
     if opt_param_scheduler is not None:
         state["opt_param_scheduler"] = opt_param_scheduler.state_dict()
     state["iteration"] = iteration
+    _in_process_write_results()
     dist_checkpointing.save(state, str(tmp), content_metadata=metadata)
 
     (tmp / EXTRA_DIR).mkdir(exist_ok=True)

@@ -14,8 +14,9 @@ flash-linear-attention (``causal_conv1d``, ``l2norm``, ``chunk_gated_delta_rule`
 and need a GPU. On CPU `apply()` puts torch references with the same signatures in their place
 (`gdn_causal_conv1d`, `gdn_l2norm`, `gdn_chunk_gated_delta_rule`). They delegate the math to
 transformers' own torch path for Qwen3.5 (one sequence at a time, so packed ``cu_seqlens`` batches
-are exact), and a test pins them to it. The three ``torch.compile``-decorated GDN helpers run eagerly
-on CPU (Inductor would compile C++ for every new shape).
+are exact), and a test pins them to it. The three ``torch.compile``-decorated GDN helpers and gated
+attention's output gate run eagerly on CPU (Inductor would compile C++ for every new shape: the output gate's
+first compile alone took 16 s of every CPU process that builds the hybrid).
 """
 from __future__ import annotations
 
@@ -208,15 +209,22 @@ def gdn_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 def _patch_gated_delta_net() -> None:
     """Route megatron's GatedDeltaNet to the torch references above (CPU only)."""
     from megatron.core.ssm.gated_delta_net import common, gdn
+    from megatron.core.transformer.attention import Attention
 
     for module in (common, gdn):
         module.causal_conv1d = gdn_causal_conv1d
         module.chunk_gated_delta_rule = gdn_chunk_gated_delta_rule
     common.l2norm = gdn_l2norm
     common.HAVE_FLA = True
-    for name in ("_apply_gated_norm", "_prepare_input_for_gated_delta_rule", "_compute_g_and_beta"):
-        fn = common._GDNBase.__dict__[name]
-        setattr(common._GDNBase, name, getattr(fn, "_torchdynamo_orig_callable", fn))
+    _run_eagerly(common._GDNBase, "_apply_gated_norm", "_prepare_input_for_gated_delta_rule", "_compute_g_and_beta")
+    _run_eagerly(Attention, "_apply_output_gate")
+
+
+def _run_eagerly(cls: type, *names: str) -> None:
+    """Undo megatron's ``jit_fuser`` (``torch.compile``) on these methods of ``cls`` (CPU only)."""
+    for name in names:
+        fn = cls.__dict__[name]
+        setattr(cls, name, getattr(fn, "_torchdynamo_orig_callable", fn))
 
 
 def is_cpu_mode() -> bool:

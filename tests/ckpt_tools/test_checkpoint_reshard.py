@@ -1,6 +1,7 @@
 """megatron_rl.checkpoint: save at one TP/PP, resume at another, exactly; broken checkpoints are named."""
 import json
 import os
+import queue
 
 import pytest
 import torch
@@ -71,6 +72,9 @@ def _reshard_run(root):
     path = save_checkpoint(root, 2, model, opt, sched, extra={"rank": rank, "data_pos": [7, 8]}, hf_config=cfg)
     assert path.endswith("iter_0000002") and latest_iteration(root) == 2
     assert not [p for p in os.listdir(root) if p.startswith(".")], "temp dirs left behind"
+    # the save reported through an in-process queue: no multiprocessing Manager was spawned for it (5-6 s)
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    assert isinstance(filesystem_async._results_queue, queue.Queue)
     loss_at_save = _real_vocab_loss([m.module for m in model], ids, cfg.vocab_size)
     ref = [_train_step(model, opt, sched, ids) for _ in range(3)]
 

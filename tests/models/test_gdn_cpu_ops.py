@@ -65,3 +65,19 @@ def test_bad_cu_seqlens_and_unsupported_arguments_are_named():
         gdn_causal_conv1d(x=x, weight=torch.randn(4, 3), cu_seqlens=torch.tensor([0, 4, 9]))
     with pytest.raises(NotImplementedError, match="initial_state"):
         gdn_causal_conv1d(x=x, weight=torch.randn(4, 3), initial_state=torch.zeros(1, 4, 3))
+
+
+def test_megatrons_torch_compiled_helpers_run_eagerly_on_cpu():
+    """megatron decorates the GDN helpers and gated attention's output gate with ``torch.compile``; on a CPU that
+    compiled C++ with Inductor on first use (16 s of every process that built the hybrid). After ``apply()`` they
+    run eagerly: dynamo sees no frame, and the gate is still x * sigmoid(gate)."""
+    from megatron.core.transformer.attention import Attention
+    from torch._dynamo.utils import counters
+
+    from megatron_rl.parallel import cpu_compat
+
+    assert cpu_compat.apply()
+    frames = counters["frames"]["total"]
+    x, gate = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    out = Attention._apply_output_gate(None, x, gate)
+    assert torch.equal(out, x * torch.sigmoid(gate)) and counters["frames"]["total"] == frames
