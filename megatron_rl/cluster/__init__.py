@@ -173,10 +173,14 @@ class Cluster:
 
     def offload_actor(self) -> bool:
         """Whether the colocated actor leaves the GPU for this rollout: ``cluster.offload_actor``, or when that is
-        unset, whether the engines' cache for a step's requests plus the verifier farm's share of the GPU would
-        not fit in the memory the resident actor leaves. Measured before every rollout (the actor's optimizer
-        state appears at its first step; the measurement also returns the actor's cached blocks to the device),
-        so a run that outgrows the room switches to offloading. SGLang engines take a static share: always."""
+        unset, whether the memory the resident actor and engines leave is less than either what the rollout
+        needs beside them (the engines' cache for a step's requests plus the verifier farm's share of the GPU) or
+        what the last train step needed above the actor's resident state (its activations and logits; the engines'
+        weights stay on the GPU through a step that does not offload). Measured before every rollout (the actor's
+        optimizer state appears at its first step; the measurement also returns the actor's cached blocks to the
+        device), so a run that outgrows the room switches to offloading: an 8B-shaped 20-layer slice ran out of
+        memory in its second train step when only the rollout's need was counted (bench/results/rl_step_h200.md).
+        SGLang engines take a static share: always."""
         choice = self.cfg.cluster.offload_actor
         if choice is not None or not self.use_gpu or self.cfg.rollout.engine != "embedded":
             return bool(choice) if choice is not None else self.use_gpu
@@ -189,10 +193,12 @@ class Cluster:
         if self._offload_need < 0:
             return True
         free = self.train.min_free_device_bytes()
-        offload = free < self._offload_need
+        train_extra = self.train.max_train_extra_bytes()
+        offload = free < max(self._offload_need, train_extra)
         if offload != self._offload:
             print(f"[run] actor offload during rollouts: {'on' if offload else 'off'} (the engines' cache and the "
-                  f"farm need {self._offload_need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free beside the actor; "
+                  f"farm need {self._offload_need / 2**30:.1f} GiB, the last train step "
+                  f"{train_extra / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free beside the actor; "
                   f"cluster.offload_actor sets it)", flush=True)
         self._offload = offload
         return offload

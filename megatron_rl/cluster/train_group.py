@@ -39,6 +39,7 @@ class TrainWorker:
         self.actor = MegatronActor(a, AutoConfig.from_pretrained(model_dir))
         self.model_dir = model_dir
         self._sync = None
+        self._train_extra = 0   # device memory the last train step allocated above what it started with
 
     # ---- weights and checkpoints
     def init_weights(self, ckpt_root: str | None, with_reference: bool) -> dict:
@@ -59,10 +60,23 @@ class TrainWorker:
     def train(self, samples, loss_cfg) -> dict[str, float] | None:
         """One rollout batch (samples arrive resolved from their object reference): π_old / π_ref on these
         ranks, then the PPO mini-batches. Rank 0 answers."""
+        import torch
+
         from megatron_rl.algorithms import PolicyLoss
 
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
         metrics = self.actor.train_rl_batch(samples, PolicyLoss(loss_cfg))
+        if cuda:
+            self._train_extra = int(torch.cuda.max_memory_allocated() - start)
         return metrics if self.rank == 0 else None
+
+    def train_extra_bytes(self) -> int:
+        """Device memory the last train step needed above what it started with (activations, logits; at the
+        first step also the optimizer state it created); 0 before the first step and without CUDA."""
+        return self._train_extra
 
     def offload(self) -> None:
         self.actor.state_offload()
@@ -171,6 +185,10 @@ class TrainGroup:
     def min_free_device_bytes(self) -> int:
         """The least free GPU memory over the ranks (each rank's GPU hosts a colocated engine)."""
         return min(resolve([w.free_device_bytes.remote() for w in self.workers]))
+
+    def max_train_extra_bytes(self) -> int:
+        """The most device memory any rank's last train step needed beyond its resident state."""
+        return max(resolve([w.train_extra_bytes.remote() for w in self.workers]))
 
     def onload(self) -> None:
         call_all([w.onload.remote() for w in self.workers])

@@ -92,11 +92,14 @@ def test_cache_need_reads_null_and_aliased_engine_settings_and_counts_oversample
 
 
 class _Train:
-    def __init__(self, free: list[int]):
-        self.free = free
+    def __init__(self, free: list[int], train_extra: list[int] | None = None):
+        self.free, self.train_extra = free, train_extra
 
     def min_free_device_bytes(self) -> int:
         return self.free.pop(0)
+
+    def max_train_extra_bytes(self) -> int:
+        return self.train_extra.pop(0) if self.train_extra else 0
 
 
 def _cluster(tmp_path, overrides, free):
@@ -126,6 +129,18 @@ def test_the_auto_rule_decides_before_every_rollout_with_the_farms_share(tmp_pat
     cpu = _cluster(tmp_path, [], [])
     cpu.use_gpu = False
     assert cpu.offload_actor() is False
+
+
+def test_a_train_step_that_needs_more_than_the_room_left_offloads_the_next_rollout(tmp_path):
+    """The rollout's need alone kept a 20-layer 8B slice resident, and its second train step ran out of memory
+    beside the engines' weights: the last train step's own need counts too."""
+    from megatron_rl.cluster import farm_device_reserve, rollout_cache_need
+
+    c = _cluster(tmp_path, [], [])
+    need = rollout_cache_need(c.cfg, c.model_dir) + farm_device_reserve(c.cfg)
+    c.train.free = [need + 1, need + 1, need + 1, 2 * need]
+    c.train.train_extra = [0, need // 2, need + 2, need + 2]   # before step 1, then three train steps
+    assert [c.offload_actor() for _ in range(4)] == [False, False, True, False]
 
 
 def test_an_estimate_that_cannot_be_made_offloads_instead_of_stopping_the_run(tmp_path):
@@ -162,6 +177,9 @@ class _StubTrain:
 
     def min_free_device_bytes(self):
         return self.free
+
+    def max_train_extra_bytes(self):
+        return 0
 
 
 def _async_cluster(tmp_path, free: int, need: int, offload_actor=None, engine="embedded"):
