@@ -286,7 +286,6 @@ class _DeviceStage:
     sampled = False   # outputs too large to hand over in full more than once (set by the first reference)
     _batch_commit: dict | None = None   # the last timed batch's output digests by (call, output), for its audits
     _batch_calls = 1                    # calls in that batch
-    _ref_out_bytes = 0                  # bytes of one reference output (sizes what a commitment may take)
     _device_snapshot = None             # this process's copy of the output buffer, taken on the child's reply
     _device_off: str | None = None      # why handovers stopped being offered on the device
     _ref_buffer_bytes = 0               # device buffer one reference call's tensor outputs need
@@ -355,7 +354,6 @@ class _DeviceStage:
                 self.work = (speed_of_light.tensor_bytes(args) + out_bytes, flops)
                 # outputs this large are compared in full in the first correctness trial only (see the config)
                 self.sampled = out_bytes > self.cfg.sample_outputs_above_bytes
-                self._ref_out_bytes = out_bytes
             else:
                 out = model(*args)
         self.backend.synchronize_fn()()
@@ -546,9 +544,10 @@ class _DeviceStage:
         return out
 
     def _commit_limit(self, calls: int = 1) -> int:
-        """Bytes a commitment may take: DIGEST_LANES int64 words per COMMIT_BLOCK output entries (the reference's;
-        16 bytes per 64 one-byte entries at most)."""
-        return calls * (self._ref_out_bytes * DIGEST_LANES // 8 + (1 << 20))
+        """Bytes a commitment of ``calls`` calls' outputs may take in a memfd: their digests as the reference's
+        outputs size them (``_ref_commit_bytes``, what the device buffer for them holds), plus room for the
+        safetensors header."""
+        return calls * (self._ref_commit_bytes + (1 << 20))
 
     @staticmethod
     def _full_position(c, picks: dict[int, Any], ref_leaves: list) -> None:

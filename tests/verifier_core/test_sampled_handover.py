@@ -161,6 +161,41 @@ def test_fixing_up_only_the_sampled_entries_after_the_seed_is_caught_by_the_comm
     assert r.details["handover"]["full"] == 1 and r.details["handover"]["sampled"] >= 1
 
 
+# Native code that hooks the harness's commitment handover and pads it with a large extra tensor (the parent must not
+# map whatever size the child chooses): the limit comes from the reference outputs' own digests.
+OVERSIZED_COMMITMENT = '''
+import gc
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hooked = False
+
+    def forward(self, a, b):
+        if not self.hooked:
+            session = [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+            hand_over = session._hand_over
+
+            def padded(name, tensors, *args, **kw):
+                if name == "verifier-commit":
+                    tensors = {**tensors, "d0_7": torch.zeros(1 << 19, 2, dtype=torch.int64)}   # 8 MiB
+                return hand_over(name, tensors, *args, **kw)
+            session._hand_over = padded
+            self.hooked = True
+        return ext.add(a, b)
+'''
+
+
+@pytest.mark.slow
+def test_a_commitment_larger_than_the_reference_outputs_justify_is_refused(make_cfg, monkeypatch):
+    import verifier.evaluate as evaluate_module
+    monkeypatch.setattr(evaluate_module, "check_candidate", lambda code, cfg: [])
+    r = run("elementwise_add", compiled(OVERSIZED_COMMITMENT), make_cfg(**SAMPLED))
+    assert r.category == Category.RUNTIME_ERROR and "oversized output commitment" in r.feedback, (r.category,
+                                                                                                   r.feedback)
+
+
 def test_a_commitment_catches_a_changed_block_and_nothing_else():
     from verifier.correctness import block_digests, uncommitted_entry
 
