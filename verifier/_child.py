@@ -665,7 +665,7 @@ class DeviceSession:
         self.handed.append(fd)
         return fd
 
-    def _commit(self, outputs: list, k: int, device_out: dict | None = None, ms: dict | None = None) -> dict:
+    def _commit(self, outputs: list, k: int, device_out: dict | None, ms: dict) -> dict:
         """Digests (``correctness.block_digests``, on the outputs' device) of every tensor of more than ``k``
         entries of each of ``outputs`` (one per call), handed over now, before the parent has drawn the seed that
         picks the entries to compare (see the commitments note in verifier/correctness.py): into the device
@@ -682,7 +682,7 @@ class DeviceSession:
                         digests[f"d{rep}_{i}"] = block_digests(leaf)
             self.timer.synchronize()
             return digests
-        digests = self._timed(ms, "digests", digest_all) if ms is not None else digest_all()
+        digests = self._timed(ms, "digests", digest_all)
         return self._hand_over("verifier-commit", digests, device_out, "commit_layout", "commit_fd")
 
     def close_handed(self) -> None:
@@ -831,7 +831,7 @@ class DeviceSession:
             self.held = (out, restore)
             if msg.get("commit_k"):
                 reply.update(self._timed(ms, "trial_commit", lambda: self._commit([out], int(msg["commit_k"]),
-                                                                                  msg.get("commit_out"))))
+                                                                                  msg.get("commit_out"), ms)))
         else:
             reply.update(self._timed(ms, "trial_save", lambda: self._save(out, device_out=msg.get("device_out"))))
             self._restore(restore)

@@ -35,7 +35,7 @@ def available(t: torch.Tensor) -> bool:
 def _on_device(word_keys: torch.Tensor, level_muls: torch.Tensor, device: torch.device
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's [lanes, max W] keys and [levels, lanes] multipliers on ``device``, copied once per device
-    (a commitment digests a large output in many chunks; the constants are ``correctness``'s module tensors)."""
+    (a full-size check commits after every timed batch; the constants are ``correctness``'s module tensors)."""
     lanes = word_keys.shape[0]
     return (word_keys.reshape(lanes, -1).to(device).contiguous(),
             level_muls.reshape(level_muls.shape[0], lanes).to(device).contiguous())
