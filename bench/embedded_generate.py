@@ -8,8 +8,11 @@ One random bf16 model of the given shape serves, in-process, through the same en
 ``python -m megatron_rl.rollout.embedded_server``; `concurrency` simultaneous seeded requests go through one
 EngineClient. Side by side in the same run:
 
-* each decode path named in ``--decode`` (``slots``: preallocated slots + CUDA graphs; ``slots+compile``: the
-  same with torch.compile fusing the step's kernels; ``dynamic``: the DynamicCache path this engine had before),
+* each decode path named in ``--decode`` (``slots``: preallocated slots + CUDA graphs, flash varlen decode
+  attention in bf16; ``+sdpa``: the same with SDPA under a boolean mask over every slot's whole width, the
+  attention it had before; ``+eager``: norm and MLP blocks not compiled (`compile_blocks` off); ``+compile``:
+  torch.compile over the whole step instead of the blocks; ``dynamic``: the
+  DynamicCache path this engine had before),
   the dynamic one only at ``--dynamic-levels`` (it is slow);
 * transformers' own ``generate`` on the same model with ``cache_implementation="static"`` (which compiles the
   decode step with torch.compile), greedy, at ``--hf-levels``;
@@ -18,8 +21,9 @@ EngineClient. Side by side in the same run:
 
 ``--profile`` splits each level's wall time into decode forward (or graph replay), sampling, and the rest
 (device-synchronised timers, so it slows the run a little), with a prefill/decode step count; and, per decode
-path, runs one request of 64 tokens under torch.profiler: wall ms per decode step beside the GPU kernel time
-and kernel launches per step (a step far longer than its kernels is host-bound), and the top kernels.
+path, profiles the decode steps of one request (and of ``--profile-concurrency`` requests) under torch.profiler,
+the prefill subtracted: wall ms per decode step beside the GPU kernel time, kernel launches and time per kernel
+kind (a step far longer than its kernels is host-bound), and the top kernels.
 """
 from __future__ import annotations
 
@@ -83,27 +87,52 @@ async def _wave(client, n: int, prompt_len: int, new_tokens: int, vocab: int, se
     return time.perf_counter() - t, sum(len(r.token_ids) for r in results)
 
 
-async def _kernel_profile(client, cfg, args, new_tokens: int = 64) -> dict:
-    """One request under torch.profiler: per decode step, wall time vs summed kernel time and kernel count."""
+_KERNEL_KINDS = (("gemm", ("nvjet", "gemm", "cutlass", "splitkreduce", "cublas")),
+                 ("attention", ("flash", "fmha", "cudnn", "attention")),
+                 ("copy", ("copy", "memcpy", "catarray", "index", "scatter", "gather")))
+
+
+def _kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in _KERNEL_KINDS if any(k in low for k in keys)), "elementwise/reduce")
+
+
+async def _profiled_wave(client, cfg, args, requests: int, new_tokens: int) -> tuple[float, dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
-        await _wave(client, 1, args.prompt_len, new_tokens, cfg["vocab_size"], 5)
+        await _wave(client, requests, args.prompt_len, new_tokens, cfg["vocab_size"], 5)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = sum(e.self_device_time_total for e in kernels)
-    launches = sum(e.count for e in kernels)
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:8]
-    steps = new_tokens   # one prefill + new_tokens - 1 decode steps; the prefill is a small share at 512 tokens
-    return {"new_tokens": new_tokens, "wall_ms_per_token": round(wall / steps * 1e3, 2),
-            "kernel_ms_per_token": round(busy_us / steps / 1e3, 2), "kernel_launches_per_token": round(launches / steps, 1),
-            "gpu_busy_fraction": round(busy_us / 1e6 / wall, 3),
-            "top_kernels": [{"name": e.key[:80], "ms_per_token": round(e.self_device_time_total / steps / 1e3, 3),
-                             "calls_per_token": round(e.count / steps, 1)} for e in top]}
+    return wall, {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
+                  if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+async def _kernel_profile(client, cfg, args, new_tokens: int = 64, requests: int = 1) -> dict:
+    """Decode steps alone under torch.profiler: a wave of `requests` x `new_tokens` minus the same wave's prefill
+    (a 1-token wave), per decode step: wall time beside summed kernel time, launches, time per kernel kind, and
+    the top kernels."""
+    wall_p, pre = await _profiled_wave(client, cfg, args, requests, 1)
+    wall_f, full = await _profiled_wave(client, cfg, args, requests, new_tokens)
+    steps = new_tokens - 1
+    per_step = {k: ((us - pre.get(k, (0, 0))[0]) / steps, (n - pre.get(k, (0, 0))[1]) / steps)
+                for k, (us, n) in full.items()}
+    busy_us = sum(us for us, _ in per_step.values())
+    kinds: dict[str, float] = {}
+    for k, (us, _) in per_step.items():
+        kinds[_kernel_kind(k)] = kinds.get(_kernel_kind(k), 0.0) + us / 1e3
+    wall_step = (wall_f - wall_p) / steps
+    top = sorted(per_step.items(), key=lambda kv: -kv[1][0])[:12]
+    return {"requests": requests, "decode_steps": steps, "wall_ms_per_step": round(wall_step * 1e3, 2),
+            "kernel_ms_per_step": round(busy_us / 1e3, 2),
+            "kernel_launches_per_step": round(sum(n for _, n in per_step.values()), 1),
+            "gpu_busy_fraction": round(busy_us / 1e6 / wall_step, 3) if wall_step > 0 else None,
+            "kernel_ms_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"name": k[:80], "ms_per_step": round(us / 1e3, 3), "calls_per_step": round(n, 1)}
+                            for k, (us, n) in top]}
 
 
 def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> dict:
@@ -112,12 +141,16 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
     from megatron_rl.rollout.client import EngineClient
     from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
     from megatron_rl.rollout.embedded_server import EmbeddedServer
+    from megatron_rl.rollout.slot_decode import uncompile_blocks
 
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=max(levels), gather_ms=args.gather_ms,
                                                         decode=decode.split("+")[0],
-                                                        compile_decode=decode.endswith("+compile"),
+                                                        compile_decode="compile" in decode.split("+"),
+                                                        compile_blocks="eager" not in decode.split("+"),
                                                         cuda_graphs=not args.no_cuda_graphs,
                                                         kv_cache_fraction=args.kv_cache_fraction))
+    if "sdpa" in decode.split("+"):   # the decode attention before flash varlen, for the comparison
+        engine._slots.flash, engine._slots.flash_reason = False, "turned off by the benchmark (slots+sdpa)"
     acc = _install_profile(engine, device) if args.profile else None
     server = EmbeddedServer(engine)
     server.start_in_thread()
@@ -133,6 +166,8 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
             out["warmup_s"] = round(time.perf_counter() - t, 2)
             if args.profile and device.type == "cuda":
                 out["one_request_profile"] = await _kernel_profile(client, cfg, args)
+                for n in args.profile_concurrency:
+                    out[f"profile_{n}_requests"] = await _kernel_profile(client, cfg, args, requests=n)
             for n in levels:
                 if acc is not None:
                     acc.update({k: 0 if isinstance(v, int) else 0.0 for k, v in acc.items()})
@@ -156,6 +191,7 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
         asyncio.run(run_all())
         out["engine"] = engine.decode_info()
     finally:
+        uncompile_blocks(model)   # the next engine or baseline starts from the model as loaded
         server.stop()
         engine.release_memory(["kv_cache", "cuda_graph"]) if engine.is_idle() else None
         if device.type == "cuda":
@@ -228,8 +264,10 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=512)
-    p.add_argument("--decode", nargs="+", choices=("slots", "slots+compile", "dynamic"), default=["slots", "dynamic"],
-                   help="slots+compile: the slot path with its decode step compiled by torch.compile")
+    p.add_argument("--decode", nargs="+", default=["slots", "dynamic"],
+                   choices=("slots", "slots+eager", "slots+sdpa", "slots+sdpa+eager", "slots+compile",
+                            "slots+sdpa+compile", "dynamic"),
+                   help="slots[+sdpa][+compile] (see above), or the older dynamic path")
     p.add_argument("--dynamic-levels", type=int, nargs="*", default=[1, 16],
                    help="concurrency levels at which the (slow) dynamic path runs")
     p.add_argument("--hf-levels", type=int, nargs="*", default=[1, 64],
@@ -240,6 +278,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--profile", action="store_true", help="split each level into decode / sampling / prefill / rest")
+    p.add_argument("--profile-concurrency", type=int, nargs="*", default=[],
+                   help="with --profile, also profile a wave of this many requests (64 tokens each)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .sampling import RequestSampling, request_uniforms, sample, seed_tensor, unfiltered
-from .slot_decode import SlotDecoder, slot_compatible, supports_slots, use_decode_attention
+from .slot_decode import SlotDecoder, compile_blocks, slot_compatible, supports_slots, use_decode_attention
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class EmbeddedEngineConfig:
     cuda_graphs: bool = True
     # torch.compile the slot decode step (fuses its small kernels; the first step of each shape compiles)
     compile_decode: bool = False
+    # on a GPU (without compile_decode), torch.compile the model's norm and MLP blocks: a third of a decode
+    # step's small kernels fused, compiled in seconds (`slot_decode.compile_blocks`); not yet run on a GPU
+    compile_blocks: bool = False
     # share of the device memory free at allocation that the slot cache may take (SGLang: mem_fraction_static)
     kv_cache_fraction: float = 0.6
     # a group of joining requests is prefilled in chunks of at most this many (padded) tokens
@@ -191,6 +194,9 @@ class EmbeddedEngine:
         if self.config.compile_decode and "linear_attention" in (getattr(model.config, "layer_types", None) or ()):
             # on the CPU, inductor's code for the compiled GDN step corrupted the heap; never tried on a GPU
             raise ValueError("compile_decode supports attention-only models; this one has Gated DeltaNet layers")
+        self.compiled_blocks = 0
+        if self.config.compile_blocks and self.device.type == "cuda" and not self.config.compile_decode:
+            self.compiled_blocks = compile_blocks(model)
         self._slots: SlotDecoder | None = None
         if self.config.decode != "dynamic" and why_not is None:
             self._slots = SlotDecoder(model, max_batch=self.config.max_batch_size, context_length=self.context_length,
@@ -310,7 +316,8 @@ class EmbeddedEngine:
     def decode_info(self) -> dict:
         """Which decode path serves, (slots) the cache and graph figures, and the cumulative `EngineStats`."""
         stats = {"engine_stats": {**dataclasses.asdict(self.stats),
-                                  "graph_capture_s": self._slots.stats.graph_capture_s if self._slots else 0.0}}
+                                  "graph_capture_s": self._slots.stats.graph_capture_s if self._slots else 0.0},
+                 "compiled_blocks": self.compiled_blocks}
         if self._slots is None:
             return {"decode": "dynamic", **stats}
         return {"decode": "slots", **self._slots.info(), **stats}

@@ -3,7 +3,8 @@
 Why: HF's dynamic cache grows by concatenation, masks are rebuilt and every one of a decode step's ~10 kernels per
 layer is launched from Python, so an 8B decode step cost ~100 ms on an H200 whose weights read in ~3.4 ms. Here:
 
-* every request owns one *slot* of preallocated buffers: attention K/V ``[slots, kv_heads, max_len, head_dim]``
+* every request owns one *slot* of preallocated buffers: attention K/V ``[slots, max_len, kv_heads, head_dim]``
+  (token-major, so each slot is one packed ``[len, heads, dim]`` block as flash attention's varlen API reads it)
   and, for Gated DeltaNet layers, the fixed conv and recurrent state. The running requests always sit in slots
   ``0..n-1`` (a finished request's slot is refilled by moving the last one into it), so a decode step over ``n``
   requests reads the leading ``n`` rows of every buffer: static addresses, static shapes;
@@ -17,8 +18,10 @@ layer is launched from Python, so an 8B decode step cost ~100 ms on an H200 whos
 * prefill still runs transformers' forward with a ``DynamicCache`` (left-padded, batched, in chunks of at most
   ``max_prefill_tokens``); its K/V and states are then copied into the new requests' slots.
 
-Attention during decode goes through :func:`grouped_decode_sdpa`, registered with transformers' attention interface:
-a one-token query folds its GQA groups into the query length, so K/V are read as stored, never repeated.
+Attention during decode goes through :func:`grouped_decode_sdpa`, registered with transformers' attention interface.
+On a GPU in bf16/fp16 it is flash attention's varlen forward over the slots with ``seqused_k``: each row reads only
+its own length of K/V (not the buffer's whole width), GQA natively. Elsewhere (CPU, fp32) it is SDPA under a
+boolean mask, a one-token query folding its GQA groups into the query length so K/V are never repeated.
 
 Library vs ours: the model forward, its GDN kernels (fla when installed) and SDPA are the libraries'; the slot
 buffers, the graph capture and the bookkeeping here are ours (transformers' own continuous-batching manager has
@@ -29,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import types
 from typing import Any, Callable
 
 import torch
@@ -58,10 +62,15 @@ _STEP_BUFFERS = {"ids": torch.long, "pos": torch.long, "live": torch.long, "seed
 def grouped_decode_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                         is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except for a one-token query under a mask with grouped KV heads: there the
-    ``groups`` query heads sharing a KV head become ``groups`` query positions of that head, which is the same
-    arithmetic without materialising repeated K/V (HF repeats them whenever a mask is given: at 64 requests x 1k
-    tokens that is a GB per layer per step)."""
+    """transformers' SDPA attention, except for a one-token query over the slot cache:
+
+    * under a *varlen mask* (int32 ``[3, n + 1]``: used K/V length per row, then the query and key offsets; see
+      ``SlotDecoder.varlen``) it is flash attention's varlen forward, each row reading its own length;
+    * under a boolean mask with grouped KV heads, the ``groups`` query heads sharing a KV head become ``groups``
+      query positions of that head: the same arithmetic without materialising repeated K/V (HF repeats them
+      whenever a mask is given: at 64 requests x 1k tokens that is a GB per layer per step)."""
+    if attention_mask is not None and attention_mask.dtype == torch.int32:
+        return _varlen_slot_decode(query, key, value, attention_mask, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     if (query.shape[2] != 1 or groups == 1 or attention_mask is None or kwargs.get("position_bias") is not None
             or attention_mask.shape[2] != 1 or attention_mask.shape[1] != 1):
@@ -73,6 +82,51 @@ def grouped_decode_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch
     return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
+def _varlen_slot_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, varlen: torch.Tensor,
+                        scaling: float | None) -> torch.Tensor:
+    """One query token per row against the slot buffers (``key``/``value`` are ``[n, heads, len, dim]`` views of
+    ``[slots, len, heads, dim]``): rows packed as flash varlen sequences, K/V of row i at ``i * len``, of which
+    ``varlen[0, i]`` are used. Returns ``[n, 1, q_heads, dim]`` as transformers' attention functions do."""
+    if query.shape[2] != 1:
+        raise RuntimeError(f"a varlen slot mask serves one-token queries, got {tuple(query.shape)}")
+    n, hq, _, d = query.shape
+    length = key.shape[2]
+    q = query.transpose(1, 2).reshape(n, hq, d)
+    k = key.transpose(1, 2).reshape(n * length, key.shape[1], d)            # views of the slot buffers
+    v = value.transpose(1, 2).reshape(n * length, value.shape[1], value.shape[-1])
+    out = varlen_attention(q, k, v, cu_seq_q=varlen[1], cu_seq_k=varlen[2], max_k=length, seqused_k=varlen[0, :n],
+                           scale=scaling)
+    return out.view(n, 1, hq, value.shape[-1])
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seq_q: torch.Tensor,
+                     cu_seq_k: torch.Tensor, max_k: int, seqused_k: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Flash attention's varlen forward (PyTorch's own FA2 build), non-causal, one query per sequence."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seq_q, cu_seq_k, 1, max_k, 0.0, False, False,
+                                                   scale=scale, seqused_k=seqused_k)[0]
+
+
+def flash_decode_reason(model: torch.nn.Module) -> str | None:
+    """None when decode attention can be flash varlen on this model's device and dtype, else why not."""
+    p = next(model.parameters())
+    cfg = model.config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if getattr(cfg, "_attn_implementation", None) != ATTN_IMPL:
+        return f"attention implementation {getattr(cfg, '_attn_implementation', None)!r} (not the engine's SDPA)"
+    if p.device.type != "cuda":
+        return "not on a CUDA device"
+    if p.dtype not in (torch.float16, torch.bfloat16):
+        return f"{p.dtype} (flash attention runs fp16/bf16)"
+    if torch.cuda.get_device_capability(p.device) < (8, 0):
+        return "compute capability below 8.0"
+    if head_dim % 8 or head_dim > 256:
+        return f"head_dim {head_dim}"
+    if not torch.backends.cuda.flash_sdp_enabled():
+        return "flash SDPA disabled in torch.backends.cuda"
+    return None
+
+
 AttentionInterface.register(ATTN_IMPL, grouped_decode_sdpa)
 AttentionMaskInterface.register(ATTN_IMPL, sdpa_mask)
 
@@ -81,6 +135,40 @@ def use_decode_attention(model: torch.nn.Module) -> None:
     """Serve `model` with :func:`grouped_decode_sdpa` where it would use plain SDPA (eager and flash choices stay)."""
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(ATTN_IMPL)
+
+
+#: transformers block classes (by name suffix) whose forward `compile_blocks` compiles: each is a chain of small
+#: elementwise kernels (an RMSNorm launches 7 kernels eager, 1 compiled; an MLP's SiLU and product fuse) and reads
+#: no cache or layer index, so one compiled graph per class serves every layer
+COMPILED_BLOCK_SUFFIXES = ("RMSNorm", "MLP")
+
+
+def compile_blocks(model: torch.nn.Module, backend: str | Callable = "inductor") -> int:
+    """torch.compile the forward of `model`'s norm and MLP blocks, one compiled function per block class shared by
+    all its instances (compiling takes seconds, against minutes for the whole step with `compile_decode`). Returns
+    how many modules now run compiled; `uncompile_blocks` undoes it."""
+    # every layer's instance shares one graph per shape; decode, prefill and batch 1 (specialised) add variants
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 32))
+    compiled: dict[type, Callable] = {}
+    count = 0
+    for module in model.modules():
+        cls = type(module)
+        if not (cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(COMPILED_BLOCK_SUFFIXES)):
+            continue
+        if cls not in compiled:
+            compiled[cls] = torch.compile(cls.forward, dynamic=True, backend=backend)
+        module.forward = types.MethodType(compiled[cls], module)
+        module._megatron_rl_compiled = True
+        count += 1
+    return count
+
+
+def uncompile_blocks(model: torch.nn.Module) -> None:
+    """Give every block `compile_blocks` compiled its class's own forward back."""
+    for module in model.modules():
+        if module.__dict__.pop("_megatron_rl_compiled", False):
+            module.__dict__.pop("forward", None)
 
 
 def supports_slots(model: torch.nn.Module) -> str | None:
@@ -95,7 +183,8 @@ def supports_slots(model: torch.nn.Module) -> str | None:
 
 
 class _SlotAttention(CacheLayerMixin):
-    """One attention layer's K/V slots. `bind` selects the rows and positions of the next step."""
+    """One attention layer's K/V slots ``[slots, len, heads, dim]``. `bind` selects the rows and positions of the
+    next step; `update` hands the model ``[n, heads, len, dim]`` views, the layout transformers' attention expects."""
 
     is_compileable = True
     is_sliding = False
@@ -113,19 +202,19 @@ class _SlotAttention(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if key_states.shape[2] != 1:
             raise RuntimeError(f"the slot cache decodes one token per row, got K of shape {tuple(key_states.shape)}")
-        self.keys[self.rows, :, self.pos] = key_states[:, :, 0]
-        self.values[self.rows, :, self.pos] = value_states[:, :, 0]
+        self.keys[self.rows, self.pos] = key_states[:, :, 0]
+        self.values[self.rows, self.pos] = value_states[:, :, 0]
         n = key_states.shape[0]   # the bound rows (a shape: symbolic under torch.compile)
-        return self.keys[:n], self.values[:n]
+        return self.keys[:n].transpose(1, 2), self.values[:n].transpose(1, 2)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[2], 0
+        return self.keys.shape[1], 0
 
     def get_seq_length(self) -> int:
         return 0
 
     def get_max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.keys.shape[1]
 
 
 class _SlotLinear(LinearAttentionLayer):
@@ -215,6 +304,9 @@ class SlotDecoder:
         # take as long as the weights' GEMMs at small batches; dynamic shapes: dynamo compiles batch 1, the first
         # larger batch, then one graph with a dynamic batch for every other size
         self._model_call = torch.compile(_call_model, dynamic=True) if compile_decode else _call_model
+        #: decode attention through flash varlen (see `grouped_decode_sdpa`); None when it can, else why not
+        self.flash_reason = flash_decode_reason(model)
+        self.flash = self.flash_reason is None
 
     # ------------------------------------------------------------------ buffers
 
@@ -276,12 +368,12 @@ class SlotDecoder:
         for li, spec in enumerate(specs):
             if spec[0] == "attn":
                 _, (h, dk, dv), dtype = spec
-                k = torch.zeros(slots, h, length, dk, dtype=dtype, device=self.device)
-                v = torch.zeros(slots, h, length, dv, dtype=dtype, device=self.device)
+                k = torch.zeros(slots, length, h, dk, dtype=dtype, device=self.device)
+                v = torch.zeros(slots, length, h, dv, dtype=dtype, device=self.device)
                 if old is not None:
                     ol = old.layers[li]
-                    k[: len(self.active), :, : ol.keys.shape[2]] = ol.keys[: len(self.active)]
-                    v[: len(self.active), :, : ol.values.shape[2]] = ol.values[: len(self.active)]
+                    k[: len(self.active), : ol.keys.shape[1]] = ol.keys[: len(self.active)]
+                    v[: len(self.active), : ol.values.shape[1]] = ol.values[: len(self.active)]
                 layers.append(_SlotAttention(k, v))
             else:
                 _, (conv_shape, rec_shape), (conv_dtype, rec_dtype) = spec
@@ -301,9 +393,13 @@ class SlotDecoder:
                 buf[:n] = before[:n]
             buffers[name] = buf
         rows, columns = torch.arange(slots, device=self.device), torch.arange(length, device=self.device)
+        # flash decode's mask: used K/V length per row (set each step), query offsets 0..slots, key offsets
+        # 0, length, 2 length, ...; the leading n + 1 columns serve a step over n rows
+        offsets = torch.arange(slots + 1, dtype=torch.int32, device=self.device)
+        varlen = torch.stack([torch.ones_like(offsets), offsets, offsets * length])
         for name, buf in buffers.items():
             setattr(self, name, buf)
-        self._cache, self.rows, self.columns = SlotCache(layers), rows, columns
+        self._cache, self.rows, self.columns, self.varlen = SlotCache(layers), rows, columns, varlen
 
     def _budget_bytes(self, reclaim: int = 0) -> int:
         """Bytes the slot buffers may take: a share of the device memory free now plus `reclaim` bytes about to
@@ -344,8 +440,8 @@ class SlotDecoder:
         length = len(req.prompt)
         for li, (src, dst) in enumerate(zip(prefill_cache.layers, self._cache.layers)):
             if isinstance(dst, _SlotAttention):
-                dst.keys[slot, :, :length] = src.keys[row, :, pad:]
-                dst.values[slot, :, :length] = src.values[row, :, pad:]
+                dst.keys[slot, :length] = src.keys[row, :, pad:].transpose(0, 1)
+                dst.values[slot, :length] = src.values[row, :, pad:].transpose(0, 1)
             else:
                 dst.conv_buf[slot] = src.conv_states[0][row]
                 dst.recurrent_buf[slot] = src.recurrent_states[0][row]
@@ -383,8 +479,8 @@ class SlotDecoder:
     def _move(self, src: int, dst: int, length: int) -> None:
         for layer in self._cache.layers:
             if isinstance(layer, _SlotAttention):
-                layer.keys[dst, :, :length] = layer.keys[src, :, :length]
-                layer.values[dst, :, :length] = layer.values[src, :, :length]
+                layer.keys[dst, :length] = layer.keys[src, :length]
+                layer.values[dst, :length] = layer.values[src, :length]
             else:
                 layer.conv_buf[dst] = layer.conv_buf[src]
                 layer.recurrent_buf[dst] = layer.recurrent_buf[src]
@@ -429,7 +525,11 @@ class SlotDecoder:
     def _forward(self, n: int) -> torch.Tensor:
         length = self.max_len
         pos = self.pos[:n]
-        mask = (self.columns.view(1, length) <= pos.view(n, 1)).view(n, 1, 1, length)
+        if self.flash:
+            self.varlen[0, :n] = pos + 1
+            mask = self.varlen[:, : n + 1]
+        else:
+            mask = (self.columns.view(1, length) <= pos.view(n, 1)).view(n, 1, 1, length)
         masks = {t: (mask if t == "full_attention" else None) for t in set(self.layer_types)}
         self._cache.bind(n, self.rows, self.pos)
         return self._model_call(self.model, self.ids[:n].view(n, 1), pos.view(n, 1), masks, self._cache)
@@ -480,6 +580,7 @@ class SlotDecoder:
     def info(self) -> dict:
         return {"slots": self.slots, "max_len": self.max_len, "cache_gb": round(self.stats.cache_bytes / 1e9, 3),
                 "cuda_graphs": self.cuda_graphs, "compiled": self._model_call is not _call_model,
+                "decode_attention": "flash varlen" if self.flash else f"sdpa + mask ({self.flash_reason})",
                 "graphs_captured": self.stats.graphs_captured,
                 "graph_capture_s": round(self.stats.graph_capture_s, 2), "graph_failures": self.stats.graph_failures,
                 "resizes": self.stats.resizes}
@@ -501,7 +602,7 @@ def _layout(cache, layer_types: list[str]) -> tuple[int, int, list]:
             specs.append(("linear", (tuple(conv.shape[1:]), tuple(rec.shape[1:])), (conv.dtype, rec.dtype)))
             per_slot += conv[0].numel() * conv.element_size() + rec[0].numel() * rec.element_size()
         else:
-            k, v = layer.keys, layer.values
+            k, v = layer.keys, layer.values     # [batch, heads, len, dim]
             specs.append(("attn", (k.shape[1], k.shape[3], v.shape[3]), k.dtype))
             per_token += k.shape[1] * (k.shape[3] + v.shape[3]) * k.element_size()
     return per_token, per_slot, specs

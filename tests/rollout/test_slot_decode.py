@@ -12,7 +12,9 @@ from megatron_rl.rollout import embedded_engine
 from megatron_rl.rollout.embedded_engine import (FLA_ROWS_PER_BLOCK, EmbeddedEngine, EmbeddedEngineConfig,
                                                  prefill_warm_shapes)
 from megatron_rl.rollout.sampling import RequestSampling
-from megatron_rl.rollout.slot_decode import batch_buckets, grouped_decode_sdpa, supports_slots
+from megatron_rl.rollout import slot_decode
+from megatron_rl.rollout.slot_decode import (batch_buckets, compile_blocks, grouped_decode_sdpa, supports_slots,
+                                             uncompile_blocks)
 from rollout_helpers import TINY, reference_logprobs
 from test_rollout_hybrid import HYBRID
 
@@ -226,6 +228,95 @@ def test_grouped_decode_attention_equals_sdpa_with_repeated_kv():
     q3 = torch.randn(b, hkv * 4, 3, d)
     mask3 = torch.ones(b, 1, 3, length, dtype=torch.bool)
     torch.testing.assert_close(grouped_decode_sdpa(Attn(), q3, k, v, mask3)[0], sdpa_attention_forward(Attn(), q3, k, v, mask3)[0])
+
+
+def _varlen_reference(q, k, v, *, cu_seq_q, cu_seq_k, max_k, seqused_k, scale):
+    """Flash varlen semantics in plain torch: sequence i is query row i and K/V rows cu_seq_k[i] onwards, of which
+    seqused_k[i] are read; GQA by head groups. Stands in for the GPU kernel on the CPU."""
+    n, hq, d = q.shape
+    assert cu_seq_q.dtype == cu_seq_k.dtype == seqused_k.dtype == torch.int32
+    assert cu_seq_q.tolist() == list(range(n + 1)) and seqused_k.shape == (n,)
+    assert all(int(cu_seq_k[i + 1] - cu_seq_k[i]) == max_k for i in range(n))
+    out = []
+    for i in range(n):
+        start, used = int(cu_seq_k[i]), int(seqused_k[i])
+        assert 1 <= used <= max_k
+        ks, vs = k[start:start + used], v[start:start + used]
+        groups = hq // ks.shape[1]
+        ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
+        p = torch.softmax(torch.einsum("hd,lhd->hl", q[i].float(), ks.float()) * (scale or d ** -0.5), dim=-1)
+        out.append(torch.einsum("hl,lhd->hd", p, vs.float()))
+    return torch.stack(out).to(q.dtype)
+
+
+def test_varlen_decode_attention_reads_each_rows_length_of_the_token_major_slots(monkeypatch):
+    """The flash branch's packing (slot buffers `[slots, len, heads, dim]` viewed as `[n, heads, len, dim]`, the
+    `[3, n + 1]` int32 mask) gives SDPA's answer under the equivalent boolean mask."""
+    monkeypatch.setattr(slot_decode, "varlen_attention", _varlen_reference)
+    torch.manual_seed(0)
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups = 4
+        is_causal = True
+
+    n, hkv, length, d = 3, 2, 37, 16
+    keys, values = torch.randn(5, length, hkv, d), torch.randn(5, length, hkv, d)
+    q = torch.randn(n, hkv * 4, 1, d)
+    used = torch.tensor([5, 37, 20], dtype=torch.int32)
+    offsets = torch.arange(n + 1, dtype=torch.int32)
+    varlen = torch.stack([torch.cat([used, used.new_ones(1)]), offsets, offsets * length])
+    k, v = keys[:n].transpose(1, 2), values[:n].transpose(1, 2)
+    ours, _ = grouped_decode_sdpa(Attn(), q, k, v, varlen, scaling=0.25)
+    mask = (torch.arange(length).view(1, -1) < used.view(-1, 1)).view(n, 1, 1, length)
+    ref, _ = grouped_decode_sdpa(Attn(), q, k.contiguous(), v.contiguous(), mask, scaling=0.25)
+    assert ours.shape == ref.shape == (n, 1, hkv * 4, d)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_the_varlen_decode_path_gives_the_dynamic_paths_tokens(cfg, monkeypatch):
+    """The engine's flash-varlen decode (forced on the CPU with a torch stand-in for the kernel) through joins,
+    leaves, slot moves and a length growth: the DynamicCache path's tokens and logprobs."""
+    monkeypatch.setattr(slot_decode, "varlen_attention", _varlen_reference)
+    model = _model(cfg)
+    kw = dict(max_batch_size=3, gather_ms=0)
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", **kw))
+    assert engine._slots.flash_reason == "not on a CUDA device"
+    engine._slots.flash = True
+    jobs = JOBS + [([(7 * i) % 250 + 1 for i in range(290)], 20, 8)]   # grows the slots past one length quantum
+    varlen = _generate(engine, jobs, stagger_s=0.01)
+    assert engine.decode_info()["resizes"] >= 1 and engine.decode_info()["decode_attention"] == "flash varlen"
+    dynamic = _generate(EmbeddedEngine(model, EmbeddedEngineConfig(decode="dynamic", **kw)), jobs, stagger_s=0.01)
+    for (prompt, n, _), a, b in zip(jobs, varlen, dynamic):
+        assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == n
+        lp_a = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
+        lp_b = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
+        assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_compiled_blocks_share_one_graph_per_shape_across_layers_and_give_the_same_logits(cfg):
+    """`compile_blocks` compiles norm and MLP blocks once per class and shape, not once per layer (the frame count
+    is the same for 4 and 8 layers), the logits do not change, and `uncompile_blocks` restores the class forwards."""
+    from torch._dynamo.testing import CompileCounter
+
+    frames = {}
+    for layers in (4, 8):
+        torch._dynamo.reset()
+        model = _model(cfg, num_hidden_layers=layers)
+        blocks = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+        inputs = [torch.randint(1, 200, shape) for shape in ((3, 9), (1, 1), (4, 1), (5, 1), (2, 7))]
+        with torch.no_grad():
+            eager = [model(ids).logits for ids in inputs]
+            counter = CompileCounter()
+            assert compile_blocks(model, backend=counter) == len(blocks) >= 3 * layers
+            compiled = [model(ids).logits for ids in inputs]
+        for a, b in zip(eager, compiled):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        frames[layers] = counter.frame_count
+        uncompile_blocks(model)
+        assert not any("forward" in m.__dict__ for m in model.modules())
+    assert 0 < frames[4] == frames[8] <= 16, frames
 
 
 def test_batch_buckets_cover_every_batch_size():

@@ -35,7 +35,9 @@ def test_graphed_slot_decode_matches_dynamic_and_full_forward(cfg, compile_decod
         same = next((i for i, (s, t) in enumerate(zip(x["output_ids"], y["output_ids"])) if s != t), n)
         assert max([abs(p - q) for p, q in zip(lp_x[:same], lp_y[:same])] + [0]) < 2e-3
         ref = _reference(model, prompt, x["output_ids"])
-        assert max(abs(p - q) for p, q in zip(ref, lp_x)) < 5e-3, prompt
+        # the hybrid's full forward runs fla's chunked kernel, whose fp32 dot products are TF32 on the GPU (the
+        # decode runs the recurrent kernel): 1.2e-2 seen on a 3-token prompt
+        assert max(abs(p - q) for p, q in zip(ref, lp_x)) < (3e-2 if cfg is HYBRID else 5e-3), prompt
 
 
 @torch.no_grad()
@@ -43,3 +45,65 @@ def _reference(model, prompt, tokens):
     ids = torch.tensor([list(prompt) + list(tokens)], device="cuda")
     lp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
     return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+@pytest.mark.gpu
+def test_flash_varlen_decode_attention_matches_the_reference_on_the_gpu():
+    """PyTorch's flash varlen kernel under the slot layout and `[3, n + 1]` mask: each row reads its own length
+    (GQA 4, head_dim 128 and 256, bf16), as the plain-torch reference does."""
+    from megatron_rl.rollout.slot_decode import grouped_decode_sdpa
+    from test_slot_decode import _varlen_reference
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups = 4
+        is_causal = True
+
+    torch.manual_seed(0)
+    for d in (128, 256):
+        n, hkv, length = 5, 2, 1024
+        keys = torch.randn(8, length, hkv, d, device="cuda", dtype=torch.bfloat16)
+        values = torch.randn(8, length, hkv, d, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(n, hkv * 4, 1, d, device="cuda", dtype=torch.bfloat16)
+        used = torch.tensor([1, 1024, 700, 129, 64], dtype=torch.int32, device="cuda")
+        offsets = torch.arange(n + 1, dtype=torch.int32, device="cuda")
+        varlen = torch.stack([torch.cat([used, used.new_ones(1)]), offsets, offsets * length])
+        ours, _ = grouped_decode_sdpa(Attn(), q, keys[:n].transpose(1, 2), values[:n].transpose(1, 2), varlen,
+                                      scaling=d ** -0.5)
+        k = keys[:n].reshape(n * length, hkv, d).float()
+        v = values[:n].reshape(n * length, hkv, d).float()
+        ref = _varlen_reference(q[:, :, 0].float(), k, v, cu_seq_q=varlen[1].cpu(), cu_seq_k=varlen[2].cpu(),
+                                max_k=length, seqused_k=used.cpu(), scale=d ** -0.5)
+        torch.testing.assert_close(ours[:, 0].float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_decode", [False, True], ids=["graphs", "graphs+compile"])
+def test_bf16_slot_decode_uses_flash_varlen_and_is_as_close_to_fp32_as_sdpa(compile_decode):
+    """bf16 on the GPU: the engine picks flash varlen and captures its graphs, and its logprobs are as close to an
+    fp32 forward of the same weights and tokens as the SDPA + mask path's are (bf16 noise is the yardstick)."""
+    import copy
+
+    from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
+    from megatron_rl.rollout.embedded_server import load_model
+
+    model, _ = load_model(None, hf_config=TINY, device=torch.device("cuda"), dtype=torch.bfloat16, init_seed=0)
+    truth = copy.deepcopy(model).float()
+    jobs = JOBS + [(list(range(10, 200)), 150, 12)]
+    errors = {}
+    for flash in (True, False):
+        engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=5, gather_ms=0, decode="slots",
+                                                            compile_decode=compile_decode))
+        assert engine._slots.flash, engine._slots.flash_reason
+        engine._slots.flash = flash
+        outs = _generate(engine, jobs, stagger_s=0.01)
+        info = engine.decode_info()
+        assert info["graphs_captured"] >= 2 and info["graph_failures"] == 0, info
+        assert info["decode_attention"].startswith("flash" if flash else "sdpa")
+        diffs = []
+        for (prompt, n, _), x in zip(jobs, outs):
+            assert len(x["output_ids"]) == n
+            lp = [v[0] for v in x["meta_info"]["output_token_logprobs"]]
+            diffs += [abs(p - q) for p, q in zip(_reference(truth, prompt, x["output_ids"]), lp)]
+        errors[flash] = (sum(diffs) / len(diffs), max(diffs))
+    # on the CPU with a torch stand-in for the kernel: mean 0.0206 (flash) vs 0.0199 (sdpa), max 0.12 vs 0.11
+    assert errors[True][0] <= 1.5 * errors[False][0] + 5e-3 and errors[True][1] < 0.3, errors
