@@ -112,19 +112,21 @@ async def _profiled_wave(client, cfg, args, requests: int, new_tokens: int) -> t
 
 
 async def _kernel_profile(client, cfg, args, new_tokens: int = 64, requests: int = 1) -> dict:
-    """Decode steps alone under torch.profiler: a wave of `requests` x `new_tokens` minus the same wave's prefill
-    (a 1-token wave), per decode step: wall time beside summed kernel time, launches, time per kernel kind, and
-    the top kernels."""
-    wall_p, pre = await _profiled_wave(client, cfg, args, requests, 1)
-    wall_f, full = await _profiled_wave(client, cfg, args, requests, new_tokens)
-    steps = new_tokens - 1
-    per_step = {k: ((us - pre.get(k, (0, 0))[0]) / steps, (n - pre.get(k, (0, 0))[1]) / steps)
-                for k, (us, n) in full.items()}
+    """Decode steps alone under torch.profiler: a wave of `requests` x (`new_tokens` + 16) minus the same wave
+    with 16 new tokens (same prefill, `new_tokens` fewer decode steps), after a profiled warm-up wave (the
+    profiler's own start-up). Per decode step: wall time beside summed kernel time, launches, time per kernel
+    kind (a step far longer than its kernels is host-bound), and the top kernels."""
+    await _profiled_wave(client, cfg, args, requests, 2)
+    wall_s, short = await _profiled_wave(client, cfg, args, requests, 16)
+    wall_l, long = await _profiled_wave(client, cfg, args, requests, 16 + new_tokens)
+    steps = new_tokens
+    per_step = {k: ((us - short.get(k, (0, 0))[0]) / steps, (n - short.get(k, (0, 0))[1]) / steps)
+                for k, (us, n) in long.items()}
     busy_us = sum(us for us, _ in per_step.values())
     kinds: dict[str, float] = {}
     for k, (us, _) in per_step.items():
         kinds[_kernel_kind(k)] = kinds.get(_kernel_kind(k), 0.0) + us / 1e3
-    wall_step = (wall_f - wall_p) / steps
+    wall_step = (wall_l - wall_s) / steps
     top = sorted(per_step.items(), key=lambda kv: -kv[1][0])[:12]
     return {"requests": requests, "decode_steps": steps, "wall_ms_per_step": round(wall_step * 1e3, 2),
             "kernel_ms_per_step": round(busy_us / 1e3, 2),
