@@ -77,10 +77,12 @@ def test_flash_varlen_decode_attention_matches_the_reference_on_the_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_decode", [False, True], ids=["graphs", "graphs+compile"])
-def test_bf16_slot_decode_uses_flash_varlen_and_is_as_close_to_fp32_as_sdpa(compile_decode):
+@pytest.mark.parametrize("compile_decode,compile_blocks", [(False, False), (False, True), (True, False)],
+                         ids=["graphs", "graphs+blocks", "graphs+compile"])
+def test_bf16_slot_decode_uses_flash_varlen_and_is_as_close_to_fp32_as_sdpa(compile_decode, compile_blocks):
     """bf16 on the GPU: the engine picks flash varlen and captures its graphs, and its logprobs are as close to an
-    fp32 forward of the same weights and tokens as the SDPA + mask path's are (bf16 noise is the yardstick)."""
+    fp32 forward of the same weights and tokens as the SDPA + mask path's are (bf16 noise is the yardstick); with
+    compiled norm/MLP blocks too (inductor's fused kernels inside the graphs)."""
     import copy
 
     from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
@@ -92,8 +94,10 @@ def test_bf16_slot_decode_uses_flash_varlen_and_is_as_close_to_fp32_as_sdpa(comp
     errors = {}
     for flash in (True, False):
         engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=5, gather_ms=0, decode="slots",
-                                                            compile_decode=compile_decode))
+                                                            compile_decode=compile_decode,
+                                                            compile_blocks=compile_blocks))
         assert engine._slots.flash, engine._slots.flash_reason
+        assert (engine.compiled_blocks > 0) == compile_blocks
         engine._slots.flash = flash
         outs = _generate(engine, jobs, stagger_s=0.01)
         info = engine.decode_info()
