@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -155,9 +156,6 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
               workdir: str | None = None, sglang_args: dict | None = None, engine_device: str = "auto",
               samples: int = 1) -> dict:
     """Library entry of the CLI: returns the result dict (raises on errors)."""
-    from megatron_rl.parallel import spawn
-    from megatron_rl.rollout.sglang_engine import SGLangServerConfig, ServerProcess
-
     if tp < 1 or pp < 1:
         raise ValueError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")
     if max_new_tokens < 1:
@@ -167,7 +165,33 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
         raise ValueError(f"--samples must be >= 1, got {samples}")
     if engine not in ("embedded", "sglang"):
         raise ValueError(f"--engine {engine!r}: use 'embedded' or 'sglang'")
+    # a work directory of our own (the tiny model, the engine's log, the ranks' result) is removed after a check
+    # that ran to its result, and kept when the engine or a rank failed: the engine's log is there
     work = workdir or tempfile.mkdtemp(prefix="check-sync-")
+    keep = False
+    try:
+        result = _check_in(work, tp=tp, pp=pp, model=model, arch=arch, engine=engine, transport=transport,
+                           dtype=dtype, engine_url=engine_url, max_new_tokens=max_new_tokens, seed=seed,
+                           sglang_args=sglang_args, engine_device=engine_device, samples=samples)
+    except ValueError:   # bad input, found before anything ran: nothing worth keeping
+        raise
+    except BaseException:
+        keep = workdir is None
+        if keep:
+            print(f"check_sync: kept the work directory with the engine's log: {work}", file=sys.stderr)
+        raise
+    finally:
+        if workdir is None and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _check_in(work: str, *, tp: int, pp: int, model: str | None, arch: str, engine: str, transport: str, dtype: str,
+              engine_url: str | None, max_new_tokens: int, seed: int, sglang_args: dict | None, engine_device: str,
+              samples: int) -> dict:
+    from megatron_rl.parallel import spawn
+    from megatron_rl.rollout.sglang_engine import SGLangServerConfig, ServerProcess
+
     hf_dir = model
     if hf_dir is None:
         hf_dir = write_tiny_model(os.path.join(work, f"tiny-{arch}"), seed=0, arch=arch)

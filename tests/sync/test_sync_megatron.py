@@ -16,10 +16,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-def test_check_sync_cli_tp2_colocated():
+def test_check_sync_cli_tp2_colocated(tmp_path):
     out = subprocess.run([sys.executable, "-m", "megatron_rl.check_sync", "--tp", "2", "--pp", "1", "--json",
-                          "--max-new-tokens", "16", "--arch", "qwen3"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "--max-new-tokens", "16", "--arch", "qwen3"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
+    assert not list(tmp_path.glob("check-sync-*"))   # its own work directory is removed after a check that ran
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["max_abs_logprob_diff"] < 1e-3 and result["ok"] is True
     assert result["weight_version"] == "1" and result["served_weight_version"] == 1

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -119,7 +120,10 @@ def _bad_inputs(root, good):
     ]
 
 
-def test_bad_input_is_refused_up_front_naming_the_problem(tmp_path, good_dir, capsys):
+def test_bad_input_is_refused_up_front_naming_the_problem(tmp_path, good_dir, capsys, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))   # where check_sync makes its work directory
     for argv, needle in _bad_inputs(tmp_path, good_dir):
         code = check_sync_main(argv + ["--json"])
         out, err = capsys.readouterr()
@@ -127,6 +131,7 @@ def test_bad_input_is_refused_up_front_naming_the_problem(tmp_path, good_dir, ca
         assert code == 2 and result["ok"] is False, argv
         assert needle in result["error"] and needle in err, (argv, result["error"])
         assert "Traceback" not in out + err, argv
+    assert list(scratch.iterdir()) == []   # refused input leaves no work directory behind
 
 
 def test_cli_error_exit_code_and_no_traceback(good_dir):
