@@ -87,13 +87,17 @@ async def _wave(client, n: int, prompt_len: int, new_tokens: int, vocab: int, se
     return time.perf_counter() - t, sum(len(r.token_ids) for r in results)
 
 
-_KERNEL_KINDS = (("gemm", ("nvjet", "gemm", "cutlass", "splitkreduce", "cublas")),
-                 ("attention", ("flash", "fmha", "cudnn", "attention")),
-                 ("copy", ("copy", "memcpy", "catarray", "index", "scatter", "gather")))
+# first match wins: flash kernels carry `cutlass::` in their template arguments, inductor's fused kernels
+# `_to_copy` in their names, so attention is matched first and copies only outside Triton kernels
+_KERNEL_KINDS = (("attention", ("flash_fwd", "fmha", "cudnn", "attention")),
+                 ("gemm", ("nvjet", "gemm", "cutlass_", "splitkreduce", "cublas")),
+                 ("copy", ("memcpy", "copy_kernel", "catarray", "index_elementwise", "scatter", "gather")))
 
 
 def _kernel_kind(name: str) -> str:
     low = name.lower()
+    if low.startswith("triton_"):
+        return "triton (fused)"
     return next((kind for kind, keys in _KERNEL_KINDS if any(k in low for k in keys)), "elementwise/reduce")
 
 
@@ -148,7 +152,8 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=max(levels), gather_ms=args.gather_ms,
                                                         decode=decode.split("+")[0],
                                                         compile_decode="compile" in decode.split("+"),
-                                                        compile_blocks="eager" not in decode.split("+"),
+                                                        compile_blocks=(decode.startswith("slots")
+                                                                        and "eager" not in decode.split("+")),
                                                         cuda_graphs=not args.no_cuda_graphs,
                                                         kv_cache_fraction=args.kv_cache_fraction))
     if "sdpa" in decode.split("+"):   # the decode attention before flash varlen, for the comparison
@@ -166,10 +171,6 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
             for n in levels:
                 await _wave(client, n, args.prompt_len, 3, cfg["vocab_size"], 0)
             out["warmup_s"] = round(time.perf_counter() - t, 2)
-            if args.profile and device.type == "cuda":
-                out["one_request_profile"] = await _kernel_profile(client, cfg, args)
-                for n in args.profile_concurrency:
-                    out[f"profile_{n}_requests"] = await _kernel_profile(client, cfg, args, requests=n)
             for n in levels:
                 if acc is not None:
                     acc.update({k: 0 if isinstance(v, int) else 0.0 for k, v in acc.items()})
@@ -186,6 +187,12 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
                         "decode_steps": acc["decode_steps"]}
                 out["levels"].append(level)
                 print(json.dumps({"decode": decode, **level}), file=sys.stderr, flush=True)
+            # kernel profiles after the timed levels: a profiler session slows later launches while CUPTI stays
+            # attached (main sets TEARDOWN_CUPTI=1 so that it detaches; this keeps the levels clear either way)
+            if args.profile and device.type == "cuda":
+                out["one_request_profile"] = await _kernel_profile(client, cfg, args)
+                for n in args.profile_concurrency:
+                    out[f"profile_{n}_requests"] = await _kernel_profile(client, cfg, args, requests=n)
         finally:
             await client.close()
 
@@ -284,6 +291,9 @@ def main() -> int:
                    help="with --profile, also profile a wave of this many requests (64 tokens each)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    # Kineto leaves CUPTI attached after a profiler session unless this is set when it stops, and an attached
+    # CUPTI slows every later kernel launch (pytorch/pytorch#144455): the next engine's levels would read low
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     import torch
 
     from megatron_rl.rollout.embedded_server import load_model, resolve_device, resolve_dtype

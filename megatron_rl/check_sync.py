@@ -168,17 +168,16 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
     # a work directory of our own (the tiny model, the engine's log, the ranks' result) is removed after a check
     # that ran to its result, and kept when the engine or a rank failed: the engine's log is there
     work = workdir or tempfile.mkdtemp(prefix="check-sync-")
+    started: list[bool] = []   # set once an engine or the ranks start: from then on a failure keeps `work`
     keep = False
     try:
-        result = _check_in(work, tp=tp, pp=pp, model=model, arch=arch, engine=engine, transport=transport,
+        result = _check_in(work, started, tp=tp, pp=pp, model=model, arch=arch, engine=engine, transport=transport,
                            dtype=dtype, engine_url=engine_url, max_new_tokens=max_new_tokens, seed=seed,
                            sglang_args=sglang_args, engine_device=engine_device, samples=samples)
-    except ValueError:   # bad input, found before anything ran: nothing worth keeping
-        raise
     except BaseException:
-        keep = workdir is None
+        keep = workdir is None and bool(started)
         if keep:
-            print(f"check_sync: kept the work directory with the engine's log: {work}", file=sys.stderr)
+            print(f"check_sync: kept its work directory (engine log, rank output): {work}", file=sys.stderr)
         raise
     finally:
         if workdir is None and not keep:
@@ -186,7 +185,7 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
     return result
 
 
-def _check_in(work: str, *, tp: int, pp: int, model: str | None, arch: str, engine: str, transport: str, dtype: str,
+def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | None, arch: str, engine: str, transport: str, dtype: str,
               engine_url: str | None, max_new_tokens: int, seed: int, sglang_args: dict | None, engine_device: str,
               samples: int) -> dict:
     from megatron_rl.parallel import spawn
@@ -217,7 +216,9 @@ def _check_in(work: str, *, tp: int, pp: int, model: str | None, arch: str, engi
             cfg = SGLangServerConfig(model_path=hf_dir, log_dir=work, watchdog_interval_s=None, **gpu,
                                      server_args={"skip_tokenizer_init": True, "dtype": dtype, **(sglang_args or {})})
         server = ServerProcess(cfg)
+        started.append(True)
         engine_url = server.start()
+    started.append(True)
     try:
         result_path = os.path.join(work, "result.json")
         a = CheckArgs(tp=tp, pp=pp, hf_dir=hf_dir, engine_url=engine_url, transport=transport, dtype=dtype,

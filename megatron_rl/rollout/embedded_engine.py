@@ -74,7 +74,8 @@ class EmbeddedEngineConfig:
     # torch.compile the slot decode step (fuses its small kernels; the first step of each shape compiles)
     compile_decode: bool = False
     # on a GPU (without compile_decode), torch.compile the model's norm and MLP blocks: a third of a decode
-    # step's small kernels fused, compiled in seconds (`slot_decode.compile_blocks`); not yet run on a GPU
+    # step's small kernels fused, compiled in seconds (`slot_decode.compile_blocks`); opt-in until a GPU test of
+    # its numerics has run (the H200 benchmark ran it: bench/results/embedded_generate_h200.md)
     compile_blocks: bool = False
     # share of the device memory free at allocation that the slot cache may take (SGLang: mem_fraction_static)
     kv_cache_fraction: float = 0.6

@@ -96,7 +96,7 @@ def _varlen_slot_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     v = value.transpose(1, 2).reshape(n * length, value.shape[1], value.shape[-1])
     out = varlen_attention(q, k, v, cu_seq_q=varlen[1], cu_seq_k=varlen[2], max_k=length, seqused_k=varlen[0, :n],
                            scale=scaling)
-    return out.view(n, 1, hq, value.shape[-1])
+    return out.reshape(n, 1, hq, value.shape[-1])
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seq_q: torch.Tensor,
@@ -116,6 +116,8 @@ def flash_decode_reason(model: torch.nn.Module) -> str | None:
         return f"attention implementation {getattr(cfg, '_attn_implementation', None)!r} (not the engine's SDPA)"
     if p.device.type != "cuda":
         return "not on a CUDA device"
+    if getattr(torch.version, "hip", None):
+        return "ROCm (seqused_k in PyTorch's flash varlen build is unverified there)"
     if p.dtype not in (torch.float16, torch.bfloat16):
         return f"{p.dtype} (flash attention runs fp16/bf16)"
     if torch.cuda.get_device_capability(p.device) < (8, 0):
@@ -156,6 +158,8 @@ def compile_blocks(model: torch.nn.Module, backend: str | Callable = "inductor")
         cls = type(module)
         if not (cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(COMPILED_BLOCK_SUFFIXES)):
             continue
+        if "forward" in module.__dict__ and not module.__dict__.get("_megatron_rl_compiled"):
+            continue   # someone else's forward on the instance (an accelerate hook): left as it is
         if cls not in compiled:
             compiled[cls] = torch.compile(cls.forward, dynamic=True, backend=backend)
         module.forward = types.MethodType(compiled[cls], module)
@@ -395,6 +399,8 @@ class SlotDecoder:
         rows, columns = torch.arange(slots, device=self.device), torch.arange(length, device=self.device)
         # flash decode's mask: used K/V length per row (set each step), query offsets 0..slots, key offsets
         # 0, length, 2 length, ...; the leading n + 1 columns serve a step over n rows
+        if self.flash and any(spec[0] == "attn" and spec[1][1] != spec[1][2] for spec in specs):
+            self.flash, self.flash_reason = False, "K and V head dims differ"
         offsets = torch.arange(slots + 1, dtype=torch.int32, device=self.device)
         varlen = torch.stack([torch.ones_like(offsets), offsets, offsets * length])
         for name, buf in buffers.items():

@@ -319,6 +319,21 @@ def test_compiled_blocks_share_one_graph_per_shape_across_layers_and_give_the_sa
     assert 0 < frames[4] == frames[8] <= 16, frames
 
 
+def test_compile_blocks_leaves_a_forward_someone_else_put_on_an_instance():
+    """A block whose instance already has its own forward (an accelerate hook) keeps it through compile_blocks and
+    uncompile_blocks; the others are compiled, and compiling twice rebinds ours."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = _model(TINY)
+    hooked = model.model.norm
+    own = hooked.forward = lambda x: x
+    n = compile_blocks(model, backend=CompileCounter())
+    assert hooked.forward is own and n == len([m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]) - 1
+    assert compile_blocks(model, backend=CompileCounter()) == n
+    uncompile_blocks(model)
+    assert hooked.forward is own and sum("forward" in m.__dict__ for m in model.modules()) == 1
+
+
 def test_batch_buckets_cover_every_batch_size():
     for max_batch in (1, 3, 8, 33, 64, 100, 256, 300):
         buckets = batch_buckets(max_batch)
