@@ -142,14 +142,19 @@ def test_cli_error_exit_code_and_no_traceback(good_dir):
     assert "num_attention_heads=4 is not divisible by tp=3" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.slow
-def test_a_failed_check_keeps_its_work_directory_and_names_it(tmp_path):
-    """An engine that cannot be reached fails the check after the ranks started: the work directory (with the
-    tiny model and what the ranks wrote) stays, and stderr says where."""
-    out = subprocess.run([sys.executable, "-m", "megatron_rl.check_sync", "--arch", "qwen3",
-                          "--engine-url", "http://127.0.0.1:9", "--json"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert out.returncode == 2 and "Cannot connect" in out.stdout
+def test_a_failed_check_keeps_its_work_directory_and_names_it(tmp_path, monkeypatch, capsys):
+    """A failure after the ranks started (here: the rank spawn raises, as a crashed rank does) keeps the work
+    directory, with what was written there, and stderr names it."""
+    import megatron_rl.parallel
+
+    def crashed_ranks(*args, **kwargs):
+        raise RuntimeError("rank 0 crashed")
+
+    monkeypatch.setattr(megatron_rl.parallel, "spawn", crashed_ranks)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = check_sync_main(["--arch", "qwen3", "--engine-url", "http://127.0.0.1:9", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "rank 0 crashed" in json.loads(out.strip().splitlines()[-1])["error"]
     kept = [p for p in tmp_path.glob("check-sync-*") if not p.name.startswith("check-sync-error-")]   # not the traceback
     assert len(kept) == 1 and (kept[0] / "tiny-qwen3" / "config.json").exists()
-    assert f"kept its work directory (engine log, rank output): {kept[0]}" in out.stderr
+    assert f"kept its work directory (engine log, rank output): {kept[0]}" in err
