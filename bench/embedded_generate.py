@@ -149,14 +149,13 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
     from megatron_rl.rollout.embedded_server import EmbeddedServer
     from megatron_rl.rollout.slot_decode import uncompile_blocks
 
+    path, *variants = decode.split("+")
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=max(levels), gather_ms=args.gather_ms,
-                                                        decode=decode.split("+")[0],
-                                                        compile_decode="compile" in decode.split("+"),
-                                                        compile_blocks=(decode.startswith("slots")
-                                                                        and "eager" not in decode.split("+")),
+                                                        decode=path, compile_decode="compile" in variants,
+                                                        compile_blocks=path == "slots" and "eager" not in variants,
                                                         cuda_graphs=not args.no_cuda_graphs,
                                                         kv_cache_fraction=args.kv_cache_fraction))
-    if "sdpa" in decode.split("+"):   # the decode attention before flash varlen, for the comparison
+    if "sdpa" in variants:   # the decode attention before flash varlen, for the comparison
         engine._slots.flash, engine._slots.flash_reason = False, "turned off by the benchmark (slots+sdpa)"
     acc = _install_profile(engine, device) if args.profile else None
     server = EmbeddedServer(engine)

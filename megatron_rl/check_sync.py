@@ -185,9 +185,9 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
     return result
 
 
-def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | None, arch: str, engine: str, transport: str, dtype: str,
-              engine_url: str | None, max_new_tokens: int, seed: int, sglang_args: dict | None, engine_device: str,
-              samples: int) -> dict:
+def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | None, arch: str, engine: str,
+              transport: str, dtype: str, engine_url: str | None, max_new_tokens: int, seed: int,
+              sglang_args: dict | None, engine_device: str, samples: int) -> dict:
     from megatron_rl.parallel import spawn
     from megatron_rl.rollout.sglang_engine import SGLangServerConfig, ServerProcess
 
@@ -203,6 +203,7 @@ def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | 
         raise ValueError(f"--max-new-tokens {max_new_tokens}: {len(prompt)} prompt tokens + {max_new_tokens} do not "
                          f"fit the model's context length {context} (max_position_embeddings)")
 
+    started.append(True)   # the input is checked: what the engine and the ranks write from here is worth keeping
     server = None
     if engine_url is None:
         if engine == "embedded":
@@ -216,9 +217,7 @@ def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | 
             cfg = SGLangServerConfig(model_path=hf_dir, log_dir=work, watchdog_interval_s=None, **gpu,
                                      server_args={"skip_tokenizer_init": True, "dtype": dtype, **(sglang_args or {})})
         server = ServerProcess(cfg)
-        started.append(True)
         engine_url = server.start()
-    started.append(True)
     try:
         result_path = os.path.join(work, "result.json")
         a = CheckArgs(tp=tp, pp=pp, hf_dir=hf_dir, engine_url=engine_url, transport=transport, dtype=dtype,

@@ -341,6 +341,8 @@ class SlotDecoder:
         length = min(length, max(self.context_length, need_len))
         if self._layout is None:
             self._layout = _layout(template(), self.layer_types)
+            if self.flash and any(spec[0] == "attn" and spec[1][1] != spec[1][2] for spec in self._layout[2]):
+                self.flash, self.flash_reason = False, "K and V head dims differ"
         per_token, per_slot_state, specs = self._layout
         slot_bytes = length * per_token + per_slot_state
         # with active rows the old buffers stay alive while the new ones are filled: only free memory counts;
@@ -399,8 +401,6 @@ class SlotDecoder:
         rows, columns = torch.arange(slots, device=self.device), torch.arange(length, device=self.device)
         # flash decode's mask: used K/V length per row (set each step), query offsets 0..slots, key offsets
         # 0, length, 2 length, ...; the leading n + 1 columns serve a step over n rows
-        if self.flash and any(spec[0] == "attn" and spec[1][1] != spec[1][2] for spec in specs):
-            self.flash, self.flash_reason = False, "K and V head dims differ"
         offsets = torch.arange(slots + 1, dtype=torch.int32, device=self.device)
         varlen = torch.stack([torch.ones_like(offsets), offsets, offsets * length])
         for name, buf in buffers.items():
