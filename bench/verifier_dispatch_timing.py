@@ -1,11 +1,12 @@
 """What a speedup means when the reference is bound by host dispatch (issue 19, item 0). GPU only.
 
-    python bench/verifier_dispatch_timing.py [--out results.json] [--trials N]
+    python bench/verifier_dispatch_timing.py [--out results.json] [--trials N] [--cupti detached|attached|both]
 
 Two tasks, each with a one-kernel CUDA candidate: ``chain`` (the reference is 64 small elementwise ops on a
 4096-element vector: dispatch-bound) and ``relu`` (a 4096x4096 ReLU: bandwidth-bound). For each, the verifier's
 speedup with ``timing_hide_dispatch`` off (dispatch gaps inside a call count) and on (the device spins after each
-flush until the call is enqueued: device time only), next to ``triton.testing.do_bench`` and a KernelBench-style
+flush until the call is enqueued: device time only), each with the child's CUPTI detached after its profiler
+sessions (the default, ``VerifierConfig.cupti_teardown``) and left attached (``--cupti``), next to ``triton.testing.do_bench`` and a KernelBench-style
 timer (256 MB fill, events around one call), both run here in the bench process on the same modules. Prints one
 JSON object: per task and setting the verifier's t_ref/t_cand/speedup and its verdict, the reference timers'
 figures, and the relative difference of each verifier speedup to do_bench's.
@@ -144,6 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--trials", type=int, default=120, help="verifier timed trials per candidate")
+    parser.add_argument("--cupti", choices=("detached", "attached", "both"), default="both",
+                        help="the child's CUPTI after its profiler sessions (VerifierConfig.cupti_teardown); "
+                             "'attached' rows carry the suffix _cupti_attached")
     args = parser.parse_args()
 
     import torch
@@ -153,6 +157,7 @@ def main() -> None:
     from verifier.evaluate import verify
     from verifier.tasks import load_task
 
+    teardowns = {"detached": (True,), "attached": (False,), "both": (True, False)}[args.cupti]
     tmp = tempfile.mkdtemp(prefix="verifier-dispatch-")
     cache = os.path.join(tmp, "cache")
     results = {}
@@ -163,12 +168,13 @@ def main() -> None:
         task = load_task(path)
         code = candidate(fn, arg)
         row = {}
-        for hide in (False, True):
+        for teardown, hide in ((t, h) for t in teardowns for h in (False, True)):
             cfg = VerifierConfig(backend="cuda", build_cache_dir=cache, max_jobs=os.cpu_count(), run_timeout_s=120.0,
-                                 num_timing_trials=args.trials, timing_hide_dispatch=hide)
+                                 num_timing_trials=args.trials, timing_hide_dispatch=hide, cupti_teardown=teardown)
             t0 = time.monotonic()
             r = verify(task, f"```python\n{code}\n```", cfg)
-            row["hide_dispatch" if hide else "dispatch_counted"] = {
+            key = ("hide_dispatch" if hide else "dispatch_counted") + ("" if teardown else "_cupti_attached")
+            row[key] = {
                 "category": r.category.value, "rule": r.rule, "speedup": r.speedup, "t_ref_ms": r.t_ref_ms,
                 "t_cand_ms": r.t_cand_ms, "dispatch": r.details.get("dispatch"), "seconds": round(time.monotonic() - t0, 1),
                 "feedback": r.feedback[:200]}
@@ -187,7 +193,7 @@ def main() -> None:
             kb = {k: kernelbench_timer(lambda m=m: m(*x)) for k, m in (("ref", ref), ("cand", cand))}
         row["do_bench"] = {"t_ref_ms": db["ref"], "t_cand_ms": db["cand"], "speedup": db["ref"] / db["cand"]}
         row["kernelbench_timer"] = {"t_ref_ms": kb["ref"], "t_cand_ms": kb["cand"], "speedup": kb["ref"] / kb["cand"]}
-        for key in ("dispatch_counted", "hide_dispatch"):
+        for key in [k for k in row if k.startswith(("dispatch_counted", "hide_dispatch"))]:
             s = row[key]["speedup"]
             row[key]["vs_do_bench"] = None if s is None else s / row["do_bench"]["speedup"] - 1.0
         results[name] = row

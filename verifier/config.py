@@ -48,6 +48,10 @@ class VerifierConfig:
     # its device time without host-dispatch gaps (KernelBench's semantics for references that are chains of
     # small ops); off: dispatch gaps inside the call count (verifier.timing.CacheFlusher)
     timing_hide_dispatch: bool = False
+    # detach CUPTI when each profiler session in the child stops (libkineto's TEARDOWN_CUPTI): the child profiles
+    # its start-up and correctness trials before it times, and an attached CUPTI slows every later launch
+    # (pytorch/pytorch#144455); off: CUPTI stays attached, as torch leaves it by default
+    cupti_teardown: bool = True
     timing_batch_ms: float = 20.0        # each trial times this much back-to-back calls per runner (do_bench style)
     max_timing_reps: int = 100           # at most this many calls per runner and trial, each on fresh inputs
     timing_memory_bytes: int = 4 * GiB   # the trial's fresh inputs and kept-alive outputs fit in this

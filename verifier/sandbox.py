@@ -332,6 +332,8 @@ def child_env(cfg, backend, device_index: int | None, workdir: str, extra: dict[
     if cfg.backend == "cpu":
         env.update({"OMP_NUM_THREADS": str(cfg.cpu_threads), "MKL_NUM_THREADS": str(cfg.cpu_threads)})
     env.update({k: v for k, v in backend.pinning_env(device_index).items() if v is not None})
+    if backend.is_gpu:
+        env["TEARDOWN_CUPTI"] = "1" if cfg.cupti_teardown else "0"
     if backend.arch_env_var and cfg.arch_list():
         env[backend.arch_env_var] = cfg.arch_list()
     if cfg.max_jobs:
