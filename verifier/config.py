@@ -43,7 +43,10 @@ class VerifierConfig:
     # median over these; on an H200 the speedup's CV over 5 fresh runs was 1.1 % at 20 trials, 0.9-1.0 % at 60
     # and 0.7 % at 120 (bench/results/verifier_timing_h200.md); a trial of a sub-ms kernel costs ~20 ms
     num_timing_trials: int = 120
-    time_budget_s: float = 10.0          # timing ends once its trials, at their median pace, add up to this
+    # timing ends once its trials, at their median pace (calls, fresh inputs and commitment; audits excluded),
+    # add up to this: the 120 trials of a sub-ms kernel (~20 ms each) fit; a full-size KernelBench task (6.4 GB
+    # per call, 26-35 ms a trial on an H200) stops after 70-100 (bench/results/verifier_fullsize_h200.md)
+    time_budget_s: float = 2.5
     # CUDA: after each flush the device spins until the host has enqueued the whole call, so a timed call is
     # its device time without host-dispatch gaps (KernelBench's semantics for references that are chains of
     # small ops); off: dispatch gaps inside the call count (verifier.timing.CacheFlusher)

@@ -1281,7 +1281,8 @@ class _DeviceStage:
             order = list(runners)
             rng.shuffle(order)
             trial: dict[str, TimedCall] = {}
-            audit_s = 0.0   # the parent's checks of this trial: not part of its pace
+            audit_s = 0.0   # the parent's audits of this trial: not part of its pace (its commitment is: every
+                            # trial of a sampled check makes one, and it holds the device as the calls do)
             for runner in order:
                 t0 = time.monotonic()
                 reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
@@ -1291,8 +1292,7 @@ class _DeviceStage:
                 self._raise_runtime_violations(reply, q=1.0)
                 if runner == "cand" and self.sampled:
                     # a commitment to every batch (asking only for the audited ones would tell the child which
-                    # those are), read and sealed before any audit draws its seed; the parent's check time
-                    t_commit = time.monotonic()
+                    # those are), read and sealed before any audit draws its seed
                     offer = self._device_offer("commit", n * self._ref_commit_bytes)
                     got = _checked(self._ask({"op": "commit", "commit_k": cfg.output_sample_elements,
                                               **({"commit_out": offer} if offer else {})}, "committed"),
@@ -1300,7 +1300,6 @@ class _DeviceStage:
                     self._raise_runtime_violations(got, q=1.0)
                     self._batch_commit, self._batch_calls = self._read_commitment(
                         got, self._commit_limit(n), offered=offer is not None), n
-                    audit_s += time.monotonic() - t_commit
                 rep_ms = [_number(x) for x in reply.get("rep_ms", [])]
                 if len(rep_ms) != n:
                     rep_ms = [math.nan] * n   # a reply that does not match the request is implausible
