@@ -601,12 +601,8 @@ class DeviceSession:
         """Build the output commitment's digest kernel (``verifier.digest_kernel``: one Triton build per entry
         size, a second or two each in the child's fresh Triton cache) before any candidate is known, as for the
         profiler: a full-size check commits after every timed batch, with the device held alone."""
-        from verifier.correctness import block_digests
-        from verifier.digest_kernel import available
-        probe = self.torch.zeros(64 * 17, dtype=self.torch.uint8, device=self.device)
-        if available(probe):
-            for dtype in (self.torch.uint8, self.torch.float16, self.torch.float32, self.torch.float64):
-                block_digests(probe.to(dtype))
+        from verifier.correctness import warm_block_digests
+        warm_block_digests(self.device)
 
     def load(self, task_path: str) -> None:
         from verifier.static_checks import TASK_MODULE_NAME

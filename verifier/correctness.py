@@ -380,6 +380,21 @@ def block_digests(t: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     return torch.cat(digests) if len(digests) > 1 else digests[0]
 
 
+_WARMED_DIGESTS: set[str] = set()   # devices whose digest kernels this process has built
+
+
+def warm_block_digests(device: torch.device | str) -> None:
+    """Build ``block_digests``' fused kernel for every entry size on ``device`` (a Triton build per size, a second
+    or two each in a fresh cache), once per process. The child does it before it knows its candidate; the parent,
+    which checks samples against the commitments with the same kernel, before it holds the device."""
+    probe = torch.zeros(COMMIT_BLOCK * 17, dtype=torch.uint8, device=device)
+    if str(probe.device) in _WARMED_DIGESTS or not digest_kernel.available(probe):
+        return
+    for dtype in (torch.uint8, torch.float16, torch.float32, torch.float64):
+        block_digests(probe.to(dtype))
+    _WARMED_DIGESTS.add(str(probe.device))
+
+
 def uncommitted_entry(values: torch.Tensor, picks: torch.Tensor, numel: int, digests: torch.Tensor) -> int | None:
     """The first flat index whose sampled block differs from the digest committed for it, or None. ``values``
     are the handed-over entries at ``picks`` (``sample_index``: blocks of consecutive entries). Only picks that

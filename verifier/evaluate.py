@@ -48,7 +48,7 @@ from .build import BuildResult, ExtensionService, build_candidate, compiler_exce
 from .config import VerifierConfig
 from .correctness import (COMMIT_BLOCK, COMPLEX128_KEYS, DIGEST_LANES, _unravel, committable, compare_outputs,
                           flatten_outputs, same_structure, sample_entries, sample_index, spec_summary, squared_error,
-                          uncommitted_entry)
+                          uncommitted_entry, warm_block_digests)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -815,6 +815,10 @@ class _DeviceStage:
         q = 0.0
         self._last_lap = time.monotonic()
         try:
+            if self.backend.is_gpu:
+                # this process checks samples against the child's digests with the same fused kernel: built once,
+                # before any hold, not inside the first check's exclusive seconds
+                warm_block_digests(self.device)
             # take a warm spare before holding the device: its start-up holds the device's shared lock
             spare = self.spares.take(self._spare_key) if self.spares else None
             try:
