@@ -62,7 +62,11 @@ class VerifierConfig:
     run_timeout_s: float = 180.0         # wall clock of one sandboxed child after its harness is up
                                          # (compile time excluded)
     max_response_bytes: int = 200_000
-    speedup_cap: float = 50.0            # above it the speedup is implausible: cheating
+    # above max(speedup_cap, speedup_cap_per_op x the reference's ATen compute ops) the speedup is implausible:
+    # cheating. A reference of up to 10 ops: 50x; a chain of 64 small elementwise ops, whose honest one-kernel
+    # fusion is ~150x faster on an H200 (~2.4x per op: each eager op pays its host dispatch), 320x
+    speedup_cap: float = 50.0
+    speedup_cap_per_op: float = 5.0
     # a candidate timed below this share of the device's speed-of-light floor is cheating (verifier.speed_of_light;
     # devices with published figures: H200, MTT S4000/S5000); sol_device_spec sets the figures for any device
     sol_margin: float = 0.5
@@ -160,8 +164,8 @@ class VerifierConfig:
         if not isinstance(self.sol_margin, (int, float)) or isinstance(self.sol_margin, bool) or \
                 not 0 <= self.sol_margin <= 1:
             raise ValueError(f"VerifierConfig.sol_margin must be a number in [0, 1], got {self.sol_margin!r}")
-        for name in ("time_budget_s", "compile_timeout_s", "run_timeout_s", "speedup_cap", "cpu_time_limit_s",
-                     "scale_floor", "startup_timeout_s", "timing_batch_ms", "device_wait_timeout_s"):
+        for name in ("time_budget_s", "compile_timeout_s", "run_timeout_s", "speedup_cap", "speedup_cap_per_op",
+                     "cpu_time_limit_s", "scale_floor", "startup_timeout_s", "timing_batch_ms", "device_wait_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ValueError(f"VerifierConfig.{name} must be a positive number, got {v!r}")

@@ -308,6 +308,7 @@ class _DeviceStage:
         self.child: SandboxedChild | None = None
         self.device_lock = DeviceLock(cfg.backend, device_index, cfg.device_lock_dir)
         self.work: tuple[int, int] | None = None   # (bytes, FLOPs) of one reference call (speed of light)
+        self.ref_ops = 1   # ATen compute ops of one reference call (the plausibility cap scales with them)
         self.use: DeviceUse | None = None    # this stage's hold on the device (``verifier.device_lock``)
         self._held_since: float | None = None   # when the current exclusive hold began
         self._costs: dict[str, list] = {}      # seconds and counts of the parent's own work, by kind
@@ -349,7 +350,7 @@ class _DeviceStage:
         before = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
         with torch.no_grad(), self.backend.reference_precision():
             if self.work is None:   # the first reference call also sizes the speed-of-light floor
-                out, flops = speed_of_light.count_flops(lambda: model(*args))
+                out, flops, self.ref_ops = speed_of_light.count_work(lambda: model(*args))
                 out_bytes = speed_of_light.tensor_bytes(flatten_outputs(out)[0])
                 self.work = (speed_of_light.tensor_bytes(args) + out_bytes, flops)
                 # outputs this large are compared in full in the first correctness trial only (see the config)
@@ -886,10 +887,15 @@ class _DeviceStage:
             del ref_model
             speedup = t_ref / t_cand if t_cand > 0 else math.inf
             speedup_compile = (t_comp / t_cand) if (t_comp is not None and t_cand > 0) else None
-            if not math.isfinite(speedup) or speedup > cfg.speedup_cap:
+            # fusing a chain of n small ops into one kernel saves n - 1 launches and their host dispatch, which
+            # alone can make it a few times n faster (a 64-op chain: ~150x on an H200, honestly)
+            cap = max(cfg.speedup_cap, cfg.speedup_cap_per_op * self.ref_ops)
+            self.details["speedup_cap"] = {"reference_ops": self.ref_ops, "cap": cap}
+            if not math.isfinite(speedup) or speedup > cap:
                 raise _Verdict(Category.CHEATING, feedback.cheating(
-                    "implausible_speedup", f"speedup {speedup:.3g}x is above the plausibility cap "
-                    f"{cfg.speedup_cap:g}x (reference {t_ref:.4g} ms, candidate {t_cand:.4g} ms)"),
+                    "implausible_speedup", f"speedup {speedup:.3g}x is above the plausibility cap {cap:g}x "
+                    f"(the larger of {cfg.speedup_cap:g}x and {cfg.speedup_cap_per_op:g}x per op of the reference, "
+                    f"which runs {self.ref_ops}; reference {t_ref:.4g} ms, candidate {t_cand:.4g} ms)"),
                     rule="implausible_speedup", q=q)
             return _finish(self.task, cfg, Category.PASS, feedback.passed(t_ref, t_cand, speedup, speedup_compile),
                            q=q, speedup=speedup, details=self.details, t_ref_ms=t_ref, t_cand_ms=t_cand,

@@ -117,9 +117,21 @@ def tensor_bytes(values) -> int:
     return sum(seen.values())
 
 
-def count_flops(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """``fn()``'s result and the FLOPs ``torch.utils.flop_counter`` counts for it."""
+def count_work(fn: Callable[[], Any]) -> tuple[Any, int, int]:
+    """``fn()``'s result, the FLOPs ``torch.utils.flop_counter`` counts for it, and the ATen compute ops it
+    dispatches (views excluded): for an eager reference, about the kernels it launches one after another."""
+    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
+
+    class OpCounter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    with FlopCounterMode(display=False) as counter, OpCounter() as ops:
         out = fn()
-    return out, int(counter.get_total_flops())
+    return out, int(counter.get_total_flops()), ops.count

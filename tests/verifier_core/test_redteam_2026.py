@@ -299,8 +299,11 @@ def test_flops_and_bytes_of_a_reference_call():
 
     from verifier import speed_of_light as sol
     x, w = torch.randn(64, 128), torch.randn(32, 128)
-    out, flops = sol.count_flops(lambda: torch.nn.functional.linear(x, w))
-    assert flops == 2 * 64 * 128 * 32
+    out, flops, ops = sol.count_work(lambda: torch.nn.functional.linear(x, w))
+    assert flops == 2 * 64 * 128 * 32 and ops == 1
+    y = torch.randn(4096)
+    _, flops, ops = sol.count_work(lambda: ((y * 1.0001 + 0.0001).view(64, 64).t() * 2).relu_())   # the view: no op
+    assert flops == 0 and ops == 4
     assert sol.tensor_bytes([x, w, out]) == (64 * 128 + 32 * 128 + 64 * 32) * 4
     assert sol.tensor_bytes([x.expand(3, 64, 128)]) == 64 * 128 * 4    # an expanded view: its storage
 
