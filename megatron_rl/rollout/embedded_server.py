@@ -605,9 +605,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-cuda-graph", action="store_true", help="slot decoding without CUDA graphs (SGLang's flag)")
     p.add_argument("--enable-torch-compile", action="store_true",
                    help="torch.compile the slot decode step (SGLang's flag; the first step of each shape compiles)")
-    p.add_argument("--enable-compiled-blocks", action="store_true",
-                   help="on a GPU, torch.compile the model's norm and MLP blocks (fuses a third of a decode step's "
-                        "small kernels; compiles in seconds)")
+    p.add_argument("--disable-compiled-blocks", action="store_true",
+                   help="run the model's norm and MLP blocks eagerly; by default, on a GPU, they are torch.compiled "
+                        "(fuses a third of a decode step's small kernels; compiles in seconds)")
+    p.add_argument("--enable-compiled-blocks", action="store_true", help=argparse.SUPPRESS)   # the default now
     p.add_argument("--kv-cache-fraction", type=float, default=0.6,
                    help="share of the device memory free at allocation that the slot cache may take")
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
@@ -679,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
             default_max_new_tokens=args.default_max_new_tokens, weight_version=str(args.weight_version),
             seed=args.random_seed, context_length=args.context_length, decode=args.decode,
             cuda_graphs=not args.disable_cuda_graph, compile_decode=args.enable_torch_compile,
-            compile_blocks=args.enable_compiled_blocks,
+            compile_blocks=not args.disable_compiled_blocks,
             kv_cache_fraction=args.kv_cache_fraction,
             max_prefill_tokens=args.max_prefill_tokens,
         ), tokenizer=tok, model_path=args.model_path)
