@@ -6,7 +6,8 @@ Two tasks, each with a one-kernel CUDA candidate: ``chain`` (the reference is 64
 4096-element vector: dispatch-bound) and ``relu`` (a 4096x4096 ReLU: bandwidth-bound). For each, the verifier's
 speedup with ``timing_hide_dispatch`` off (dispatch gaps inside a call count) and on (the device spins after each
 flush until the call is enqueued: device time only), each with the child's CUPTI detached after its profiler
-sessions (the default, ``VerifierConfig.cupti_teardown``) and left attached (``--cupti``), next to ``triton.testing.do_bench`` and a KernelBench-style
+sessions (``VerifierConfig.cupti_teardown=True``) and left attached (the default; rows ``*_cupti_attached``), next
+to ``triton.testing.do_bench`` and a KernelBench-style
 timer (256 MB fill, events around one call), both run here in the bench process on the same modules. Prints one
 JSON object: per task and setting the verifier's t_ref/t_cand/speedup and its verdict, the reference timers'
 figures, and the relative difference of each verifier speedup to do_bench's.
@@ -177,7 +178,9 @@ def main() -> None:
             key = ("hide_dispatch" if hide else "dispatch_counted") + ("" if teardown else "_cupti_attached")
             row[key] = {
                 "category": r.category.value, "rule": r.rule, "speedup": r.speedup, "t_ref_ms": r.t_ref_ms,
-                "t_cand_ms": r.t_cand_ms, "dispatch": r.details.get("dispatch"), "seconds": round(time.monotonic() - t0, 1),
+                "t_cand_ms": r.t_cand_ms, "dispatch": r.details.get("dispatch"),
+                "timing_trials": (r.details.get("timing") or {}).get("trials"),
+                "seconds": round(time.monotonic() - t0, 1),
                 "feedback": r.feedback[:200]}
         # the same modules in this process, under the other timers
         ns: dict = {}

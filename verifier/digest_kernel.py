@@ -13,6 +13,7 @@ whether it can.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 
@@ -54,7 +55,10 @@ def digest_words(words: torch.Tensor, word_keys: torch.Tensor, level_muls: torch
     out = torch.empty(blocks, lanes, dtype=torch.int64, device=words.device)
     if blocks:
         rows = max(1, _BLOCK_ELEMS // width)
-        digest_blocks[(triton.cdiv(blocks, rows),)](words, keys, muls, out, blocks, fmix_muls[0], fmix_muls[1],
-                                                    keys.shape[1], WORDS=width, LEVELS=levels, ROWS=rows,
-                                                    LANES=lanes)
+        # Triton launches on the process's current device, not the tensors': a device worker for cuda:3 whose
+        # current device is cuda:0 would hand cuda:0 pointers into cuda:3's memory
+        with torch.cuda.device(words.device) if words.is_cuda else contextlib.nullcontext():   # CPU: interpreter
+            digest_blocks[(triton.cdiv(blocks, rows),)](words, keys, muls, out, blocks, fmix_muls[0], fmix_muls[1],
+                                                        keys.shape[1], WORDS=width, LEVELS=levels, ROWS=rows,
+                                                        LANES=lanes)
     return out

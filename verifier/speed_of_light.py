@@ -118,8 +118,19 @@ def tensor_bytes(values) -> int:
 
 
 def count_work(fn: Callable[[], Any]) -> tuple[Any, int, int]:
-    """``fn()``'s result, the FLOPs ``torch.utils.flop_counter`` counts for it, and the ATen compute ops it
-    dispatches (views excluded): for an eager reference, about the kernels it launches one after another."""
+    """``fn()``'s result, the FLOPs ``torch.utils.flop_counter`` counts for it, and the ATen ops it dispatches
+    (views excluded; factories and copies count): for an eager reference, about the kernels it launches one after
+    another. 0 ops where the op count cannot run (a higher-order operator such as ``torch.cond``)."""
+    try:
+        return _count_work(fn)
+    except NotImplementedError:   # the op counter has no rule for a higher-order operator: FLOPs only
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as counter:
+            out = fn()
+        return out, int(counter.get_total_flops()), 0
+
+
+def _count_work(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -58,15 +58,19 @@ def test_implausible_speedup_is_cheating(make_cfg):
     assert r.speedup is None and r.reward == -1.0
 
 
-def test_the_plausibility_cap_grows_with_the_ops_a_fusion_replaces(make_cfg):
-    """relu(a * b + c) runs 3 ATen ops, each its own launch and host dispatch: a one-kernel fusion may be faster by
-    a few times 3 for that alone, so the cap is the larger of ``speedup_cap`` and ``speedup_cap_per_op`` x 3."""
-    ok = run("fused_mul_add_relu", compiled(FUSED), make_cfg(speedup_cap=1e-3, speedup_cap_per_op=1e3))
+def test_the_plausibility_cap_grows_with_the_ops_a_fusion_replaces_when_dispatch_bound(make_cfg):
+    """relu(a * b + c) runs 3 ATen ops, each its own launch and host dispatch: when the reference is dispatch-bound
+    a one-kernel fusion may be faster by a few times 3 for that alone, so the cap is the larger of ``speedup_cap``
+    and ``speedup_cap_per_op`` x 3; a reference slower per op than ``dispatch_bound_op_ms`` keeps ``speedup_cap``."""
+    low_cap = dict(speedup_cap=1e-3, speedup_cap_per_op=1e3)
+    ok = run("fused_mul_add_relu", compiled(FUSED), make_cfg(**low_cap, dispatch_bound_op_ms=1e3))
     assert_verdict(ok, Category.PASS)
-    assert ok.details["speedup_cap"] == {"reference_ops": 3, "cap": 3e3}
-    low = run("fused_mul_add_relu", compiled(FUSED), make_cfg(speedup_cap=1e-3, speedup_cap_per_op=1e-4))
-    assert_verdict(low, Category.CHEATING, "implausible_speedup")
-    assert "which runs 3" in low.feedback and low.details["speedup_cap"]["cap"] == 1e-3
+    assert ok.details["speedup_cap"]["reference_ops"] == 3 and ok.details["speedup_cap"]["cap"] == 3e3
+    for cfg in (dict(speedup_cap=1e-3, speedup_cap_per_op=1e-4, dispatch_bound_op_ms=1e3),   # per-op cap too low
+                dict(low_cap, dispatch_bound_op_ms=1e-9)):                                   # not dispatch-bound
+        r = run("fused_mul_add_relu", compiled(FUSED), make_cfg(**cfg))
+        assert_verdict(r, Category.CHEATING, "implausible_speedup")
+        assert "over 3 ops" in r.feedback and r.details["speedup_cap"]["cap"] == 1e-3
 
 
 # ------------------------------------------------------------------------------------------ fallbacks

@@ -14,6 +14,7 @@ same defence must let through.
 End-to-end cases share the session's compiled library (candidates.py).
 """
 import random
+import time
 
 import pytest
 
@@ -267,6 +268,32 @@ def test_audited_trials_check_many_calls_of_their_batch(make_cfg):
     assert stage.hidden == len(by_trial)
 
 
+class _SlowScripted(_Scripted):
+    """A scripted child whose calls take 2 ms: the parent's time budget ends timing long before its trial count."""
+
+    def _ask(self, msg, expect):
+        if msg["op"] == "call":
+            time.sleep(0.002)
+        return super()._ask(msg, expect)
+
+
+def test_random_audits_all_happen_when_the_budget_ends_timing_early(make_cfg):
+    """The random audits are drawn against the trials the budget allows, not the configured 120: drawn from all 120,
+    two audits would mostly fall after timing ended at ~12 trials (~80 % of runs without any)."""
+    audited_trials = []
+    for _ in range(8):
+        stage = _SlowScripted(make_cfg(num_timing_trials=120, num_timing_audits=2, time_budget_s=0.05,
+                                       timing_batch_ms=40.0), reps=4)
+        try:
+            stage._timing(ref_model=None)
+        except _Verdict:
+            pass
+        assert len(stage.prepared) < 60, len(stage.prepared)     # the budget ended timing
+        audited_trials.append(len({trial for trial, _, _ in stage.audited}))
+    # two random trials and the last (a random draw may land on the last one)
+    assert min(audited_trials) >= 2 and sum(audited_trials) >= 2.5 * len(audited_trials), audited_trials
+
+
 def test_per_call_times_below_any_timers_resolution_are_implausible():
     honest = [TimedCall(r, 10.0, 11.0, [0.5] * 20, 0.0) for r in ("ref", "cand") for _ in range(3)]
     assert implausible_timing(honest) is None
@@ -304,6 +331,9 @@ def test_flops_and_bytes_of_a_reference_call():
     y = torch.randn(4096)
     _, flops, ops = sol.count_work(lambda: ((y * 1.0001 + 0.0001).view(64, 64).t() * 2).relu_())   # the view: no op
     assert flops == 0 and ops == 4
+    # a higher-order operator the op counter has no rule for: FLOPs still counted, the ops reported as 0
+    out, flops, ops = sol.count_work(lambda: torch.cond(x.sum() > 0, lambda a: a @ w.t(), lambda a: -(a @ w.t()), (x,)))
+    assert flops == 2 * 64 * 128 * 32 and ops == 0 and out.shape == (64, 32)
     assert sol.tensor_bytes([x, w, out]) == (64 * 128 + 32 * 128 + 64 * 32) * 4
     assert sol.tensor_bytes([x.expand(3, 64, 128)]) == 64 * 128 * 4    # an expanded view: its storage
 

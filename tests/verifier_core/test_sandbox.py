@@ -15,13 +15,12 @@ from .sandbox_probe import probe
 
 
 
-def test_gpu_children_detach_cupti_after_profiling_unless_configured_not_to(tmp_path, monkeypatch):
-    """The child profiles before it times; an attached CUPTI would slow every timed launch. The parent's own
-    TEARDOWN_CUPTI never leaks in: the config decides."""
-    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+def test_gpu_children_detach_cupti_after_profiling_only_when_configured(tmp_path, monkeypatch):
+    """``cupti_teardown`` sets the child's TEARDOWN_CUPTI; the parent's own value never leaks in."""
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     cuda = get_backend("cuda")
-    on = child_env(VerifierConfig(backend="cuda"), cuda, 0, str(tmp_path))
-    off = child_env(VerifierConfig(backend="cuda", cupti_teardown=False), cuda, 0, str(tmp_path))
+    on = child_env(VerifierConfig(backend="cuda", cupti_teardown=True), cuda, 0, str(tmp_path))
+    off = child_env(VerifierConfig(backend="cuda"), cuda, 0, str(tmp_path))
     cpu = child_env(VerifierConfig(backend="cpu"), get_backend("cpu"), None, str(tmp_path))
     assert on["TEARDOWN_CUPTI"] == "1" and off["TEARDOWN_CUPTI"] == "0" and "TEARDOWN_CUPTI" not in cpu
 
