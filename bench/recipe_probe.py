@@ -2,11 +2,13 @@
 
 For every task of a task set (single unary ops and chains, as the CPU recipe generates them), the prompt the
 evaluation uses (``--view full``) or a short one holding only the reference's ``forward`` (``--view forward``) is
-followed by the compact teacher's (``data_synth.compact``) plan prefix up to ``1. x = torch``; the next token's probabilities over the
-ops' tokens (``.relu``, ``.neg``, ... as the tokenizer splits them) are read. A model that reads the task puts its
-mass on the task's first op; one that does not gives every prompt the same distribution. The JSON has the
-per-task distributions, the argmax accuracy, and ``spread``: the largest change of any op's probability across
-the tasks (0 means the prompt does not matter at all).
+followed by the compact teacher's (``data_synth.compact``) plan header, then each candidate op's plan line
+(``1. x = torch.<op>(x) -> ext1``) is scored by its teacher-forced log-probability (summed over its tokens, so any
+tokenizer works: Qwen3's, or the recipe's own BPE whose line may be one token). The candidates' softmax is the
+model's distribution over the first op. Later lines of a chain are scored the same way after the correct earlier
+lines (``line_accuracy``). A model that reads the task puts its mass on the task's op; one that does not gives
+every prompt the same distribution. The JSON has the per-task distributions, the argmax accuracy, and ``spread``:
+the largest change of any op's probability across the tasks (0 means the prompt does not matter at all).
 
     python bench/recipe_probe.py --model runs/recipe_cpu/sft/hf --tasks runs/recipe_cpu/tasks/heldout
 """
@@ -22,11 +24,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_synth.compact import PLAN_HEADER  # noqa: E402
+from data_synth.compact import PLAN_HEADER, forward_lines  # noqa: E402
 from data_synth.taskset import read_task_set  # noqa: E402
 from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, initial_messages  # noqa: E402
-
-PLAN_PREFIX = PLAN_HEADER + "1. x = torch"
 
 
 def forward_source(source: str) -> str:
@@ -56,27 +56,50 @@ def main(argv: list[str] | None = None) -> dict:
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     tasks = read_task_set(a.tasks)
-    ops = a.ops.split(",") if a.ops else sorted({t.ops[0] for t in tasks if t.ops})
-    first_ids = [tok.encode("." + o, add_special_tokens=False)[0] for o in ops]
-    if len(set(first_ids)) != len(ops):
-        raise SystemExit(f"the ops' first tokens collide under this tokenizer: {dict(zip(ops, first_ids))}")
-    rows, hits = [], 0
+    ops = a.ops.split(",") if a.ops else sorted({o for t in tasks for o in t.ops})
+
+    def plan_line(k: int, line: str, true_op: str, op: str, earlier: list[str]) -> str:
+        distinct = list(dict.fromkeys(earlier + [op]))
+        return f"{k}. {line.replace(f'torch.{true_op}(', f'torch.{op}(')} -> ext{distinct.index(op) + 1}\n"
+
+    @torch.no_grad()
+    def distribution(prefix: str, continuations: list[str]) -> list[float]:
+        """Softmax over the continuations' summed token log-probabilities after ``prefix``."""
+        n = len(tok(prefix, add_special_tokens=False).input_ids)
+        scores = []
+        for c in continuations:
+            ids = tok(prefix + c, add_special_tokens=False, return_tensors="pt").input_ids
+            if not torch.equal(ids[0, :n], tok(prefix, add_special_tokens=False, return_tensors="pt").input_ids[0]):
+                raise SystemExit("the tokenizer merges the prompt with the plan line: cannot score lines apart")
+            logp = torch.log_softmax(model(ids).logits[0, n - 1:-1].float(), -1)
+            scores.append(logp.gather(1, ids[0, n:, None]).sum().item())
+        return torch.softmax(torch.tensor(scores), 0).tolist()
+
+    rows, hits, line_hits, lines = [], 0, 0, 0
     for t in tasks:
-        if not t.ops or t.ops[0] not in ops:
+        fwd = forward_lines(t.source)
+        if not t.ops or any(o not in ops for o in t.ops) or len(fwd) != len(t.ops):
             continue
-        text = tok.apply_chat_template(messages(t, a.view), tokenize=False, add_generation_prompt=True)
-        ids = tok(text + PLAN_PREFIX, return_tensors="pt").input_ids
-        with torch.no_grad():
-            probs = torch.softmax(model(ids).logits[0, -1, first_ids].float(), -1).tolist()
-        hits += int(max(range(len(ops)), key=probs.__getitem__) == ops.index(t.ops[0]))
-        rows.append({"task": t.task_id, "first_op": t.ops[0], "prompt_tokens": ids.shape[1],
-                     "p": {o: round(v, 4) for o, v in zip(ops, probs)}})
+        prompt = tok.apply_chat_template(messages(t, a.view), tokenize=False, add_generation_prompt=True)
+        prefix, per_line = prompt + PLAN_HEADER, []
+        for k, (line, true_op) in enumerate(zip(fwd, t.ops), 1):
+            earlier = list(t.ops[:k - 1])
+            probs = distribution(prefix, [plan_line(k, line, true_op, o, earlier) for o in ops])
+            hit = int(max(range(len(ops)), key=probs.__getitem__) == ops.index(true_op))
+            line_hits, lines = line_hits + hit, lines + 1
+            if k == 1:
+                hits += hit
+            per_line.append({o: round(v, 4) for o, v in zip(ops, probs)})
+            prefix += plan_line(k, line, true_op, true_op, earlier)
+        rows.append({"task": t.task_id, "ops": list(t.ops), "prompt_tokens": len(tok(prompt).input_ids),
+                     "p": per_line[0], "p_lines": per_line})
     if not rows:
         raise SystemExit(f"no task in {a.tasks} starts with one of {ops}")
     spread = max(max(r["p"][o] for r in rows) - min(r["p"][o] for r in rows) for o in ops)
     out = {"bench": "recipe_probe", "model": a.model, "tasks": a.tasks, "view": a.view, "n": len(rows),
-           "first_op_argmax_accuracy": hits / len(rows), "chance": 1 / len(ops), "spread": spread,
-           "mean_p_first_op": sum(r["p"][r["first_op"]] for r in rows) / len(rows), "per_task": rows}
+           "first_op_argmax_accuracy": hits / len(rows), "line_accuracy": line_hits / lines, "chance": 1 / len(ops),
+           "spread": spread, "mean_p_first_op": sum(r["p"][r["ops"][0]] for r in rows) / len(rows),
+           "per_task": rows}
     print(json.dumps(out))
     return out
 

@@ -48,3 +48,29 @@ def publish_dir(build: Callable[[str], object], target: str | os.PathLike) -> Pa
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
+    """Rename the finished dir ``tmp`` over ``final``: an older ``final`` is moved aside first and removed after,
+    so a reader sees the old dir or the new one, never a mix."""
+    tmp, final = Path(tmp), Path(final)
+    old = final.parent / f".{final.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    fsync_dir(final.parent)
+    return final
+
+
+def rebuild_dir(build: Callable[[str], object], target: str | os.PathLike) -> Path:
+    """Like `publish_dir`, but a ``target`` that exists is replaced (`replace_dir`) instead of kept."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        build(str(tmp))
+        return replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

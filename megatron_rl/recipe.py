@@ -1,16 +1,17 @@
 """The whole MusaCoder recipe on one CPU machine, each stage through its own command line:
 
     generate stage-1 tasks and stage-2 compositions -> teacher data (offline compact teacher, verified)
-    -> SFT a tiny model -> RFT (sample, verify, cluster, draw; SFT again) -> RL a few steps
-    -> evaluate every stage on held-out generated tasks (unseen shapes and compositions), CPU verifier
+    -> [a small BPE fitted to the teacher data] -> SFT a tiny model -> RFT (sample, verify, cluster, draw; SFT
+    again) -> RL a few steps -> evaluate every stage on held-out generated tasks (unseen shapes and compositions),
+    CPU verifier
 
     python -m megatron_rl.recipe --config configs/recipe_cpu.yaml [key=value ...]     (launch/recipe_cpu.sh)
 
 Task generation runs in this process (``data_synth`` library: the same code as ``python -m data_synth generate``);
-every other stage is a subprocess of the project's CLI (``data_synth distill`` / ``rft``, ``megatron_rl.sft``,
-``megatron_rl.train``, ``ckpt_tools mcore-to-hf``, ``megatron_rl.evaluate``), so the recipe exercises the same
-contracts a user runs. The stages share one verifier build cache and one verdict cache: an extension source is
-compiled once for the whole recipe, and the same code for the same task is verified once.
+every other stage is a subprocess of the project's CLI (``data_synth distill`` / ``rft``, ``megatron_rl.tokenizer
+train``, ``megatron_rl.sft``, ``megatron_rl.train``, ``ckpt_tools mcore-to-hf``, ``megatron_rl.evaluate``), so the
+recipe exercises the same contracts a user runs. The stages share one verifier build cache and one verdict cache:
+an extension source is compiled once for the whole recipe, and the same code for the same task is verified once.
 
 Held-out tasks come from another seed and are decontaminated against the training tasks; a held-out task whose ops
 never occur in training is reported (the model could not know them). Outputs under ``workdir``: ``tasks/``,
@@ -43,6 +44,7 @@ from data_synth.taskset import read_task_set, write_task_set
 from data_synth.validate import ValidationConfig
 from megatron_rl.config import REPO_ROOT, ConfigError, abs_path
 from megatron_rl.evaluate import table_rows
+from megatron_rl.tokenizer import MERGE_WITHIN, MIN_BPE_VOCAB
 
 STAGES = ("init", "sft", "rft", "rl")
 
@@ -63,6 +65,10 @@ class RecipeConfig:
     # stages
     sft_config: str = "configs/sft_tiny.yaml"
     sft: list[str] = dataclasses.field(default_factory=list)          # overrides of the SFT run
+    # > 0: fit a byte-level BPE of at most this many tokens to the teacher data and train the SFT model with it
+    # (its output layer then costs a few thousand logits per token, not Qwen3's 151k); 0: the SFT preset's tokenizer
+    tokenizer_vocab: int = 0
+    tokenizer_merge_within: str = "lines"   # words | lines (megatron_rl.tokenizer.train_bpe)
     rft_samples: int = 4               # responses per training prompt from the SFT model
     rft_targets: int = 2               # targets per prompt, drawn across clusters
     rft_prompts: int | None = None     # None: every training prompt
@@ -114,6 +120,11 @@ def load_recipe_config(path: str | None, overrides: list[str]) -> RecipeConfig:
     for name in ("train_single", "heldout_single", "eval_samples", "rft_samples", "rft_targets"):
         if getattr(cfg, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.tokenizer_merge_within not in MERGE_WITHIN:
+        problems.append(f"tokenizer_merge_within must be one of {MERGE_WITHIN}, got {cfg.tokenizer_merge_within!r}")
+    if cfg.tokenizer_vocab and cfg.tokenizer_vocab < MIN_BPE_VOCAB:
+        problems.append(f"tokenizer_vocab must be 0 (the SFT preset's tokenizer) or >= {MIN_BPE_VOCAB}, "
+                        f"got {cfg.tokenizer_vocab}")
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -297,7 +308,14 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
         raise StageFailed(f"the teacher wrote no verified row: {teacher}")
     summaries: dict[str, dict] = {}
     exports: dict[str, str] = {}
-    exports["sft"] = rc.sft("sft", [data / "sft.jsonl"], None, list(cfg.sft))
+    sft_overrides = list(cfg.sft)
+    tokenizer_info = None
+    if cfg.tokenizer_vocab:
+        tokenizer_info = rc.run("tokenizer", ["-m", "megatron_rl.tokenizer", "train", "--data", str(data / "sft.jsonl"),
+                                              "--vocab-size", str(cfg.tokenizer_vocab), "--merge-within",
+                                              cfg.tokenizer_merge_within, "--out", str(root / "tokenizer")])
+        sft_overrides.insert(0, f"model.tokenizer={tokenizer_info['tokenizer']}")
+    exports["sft"] = rc.sft("sft", [data / "sft.jsonl"], None, sft_overrides)
     exports["init"] = str(root / "sft" / "model")    # the random init the SFT run started from
     summaries["init"] = rc.evaluate("init", exports["init"], heldout)
     summaries["sft"] = rc.evaluate("sft", exports["sft"], heldout)
@@ -339,7 +357,7 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "heldout_tasks": tasks_info["heldout"], "wall_seconds": round(time.perf_counter() - t0, 1),
               "model": exports[last], "cpu_seconds": _children_cpu_seconds(), "stage_seconds": rc.seconds,
               "tasks": tasks_info, "eval_samples": n, "eval_turns": cfg.eval_turns,
-              "eval_temperature": cfg.eval_temperature, "teacher": {k: teacher.get(k) for k in
+              "eval_temperature": cfg.eval_temperature, "tokenizer": tokenizer_info, "teacher": {k: teacher.get(k) for k in
                                                                    ("tasks", "rows_written", "categories")},
               "rft": rft_info and {k: rft_info.get(k) for k in ("samples", "verified", "targets",
                                                                  "clusters_per_prompt_before",

@@ -38,6 +38,7 @@ from megatron_rl.actor.actor import ActorConfig
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
                                 _omegaconf_problem, abs_path, hf_model_config)
+from megatron_rl.fsutil import publish_dir, replace_dir
 from megatron_rl.observability import RunLogger
 
 log = logging.getLogger("megatron_rl.sft")
@@ -233,32 +234,17 @@ class SFTWorker(TrainWorker):
             writer.close()
             write_hf_config(tmp, self.actor.hf_config.to_dict(), self.actor.cfg.torch_dtype, bridge.hf_architectures)
             copy_assets(assets_dir, tmp)
-            _replace_dir(tmp, out)
+            replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return str(out)
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Rename ``tmp`` over ``final`` (an older one is moved aside first and removed after)."""
-    from megatron_rl.fsutil import fsync_dir
-
-    old = final.parent / f".{final.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    fsync_dir(final.parent)
-
-
 def stage_hf_assets(model_dir: str, tokenizer_dir: str, dest: Path) -> str:
     """A dir holding the model dir's files (linked) with the training tokenizer's files over them: what the
     checkpoints and the export carry as HF assets (config, weights for passthrough tensors, tokenizer, chat
     template)."""
-    from megatron_rl.fsutil import publish_dir
-
     def build(d: str) -> None:
         for f in Path(model_dir).iterdir():
             if f.is_file():

@@ -13,6 +13,9 @@ last stdout line is a JSON summary.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -34,6 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", help="HF checkpoint dir (same as model.path=...)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=5 actor.tp=2")
     return p.parse_args(argv)
+
+
+TINY_SPEC_FILE = "tiny_spec.json"   # what a run dir's tiny random model was built from
 
 
 def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
@@ -62,11 +68,20 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
     if cfg.model.path:
         return str(Path(cfg.model.path).resolve()), tokenizer_path
     model_dir = run_dir / "model"
-    if not (model_dir / "config.json").is_file():
+    t = cfg.model.tiny
+    # the tiny model is rebuilt when what it is built from changes (another tokenizer or shape in a reused run dir);
+    # the same spec gives the same weights, so a resumed run finds the model its checkpoints were trained from
+    tok_files = sorted(Path(tokenizer_path).glob("tokenizer*.json"))
+    spec = json.dumps({"tiny": dataclasses.asdict(t), "dtype": cfg.actor.params_dtype,
+                       "tokenizer": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in tok_files}},
+                      sort_keys=True)
+    spec_file = model_dir / TINY_SPEC_FILE
+    if not (spec_file.is_file() and spec_file.read_text() == spec and (model_dir / "config.json").is_file()):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        t = cfg.model.tiny
+        from megatron_rl.fsutil import rebuild_dir
+
         hf_cfg = t.hf_config(t.vocab_size or len(AutoTokenizer.from_pretrained(tokenizer_path)))
         torch.manual_seed(t.init_seed)
         gpu = torch.cuda.is_available() and cfg.cluster.use_gpu is not False
@@ -78,8 +93,9 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
         def save(d: str) -> None:
             model.save_pretrained(d, safe_serialization=True)
             tokenizer.save_pretrained(d)
+            (Path(d) / TINY_SPEC_FILE).write_text(spec)
 
-        publish_dir(save, model_dir)
+        rebuild_dir(save, model_dir)
         del model
     return str(model_dir), tokenizer_path
 

@@ -186,7 +186,11 @@ def gdn_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                                use_qk_l2norm_in_kernel=False, cu_seqlens=None, **_):
     """fla's ``chunk_gated_delta_rule`` (``[B, T, H, D]`` layout); returns (o, final state or None).
 
-    Packed sequences (``cu_seqlens``, B == 1) each start from a zero (or their own initial) state."""
+    Packed sequences (``cu_seqlens``, B == 1) each start from a zero (or their own initial) state. They run as one
+    padded batch, not one call each: the torch path loops over 64-token chunks in Python, so a call per sequence
+    multiplies the small ops by the number of sequences (most of a CPU SFT step). Padding is exact: a padded
+    position has ``beta = 0`` (writes nothing) and ``g = 0`` (decays nothing), so outputs before it and the final
+    state are those of the sequence alone."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     torch_chunk_gated_delta_rule = inspect.unwrap(torch_chunk_gated_delta_rule)  # never fla, even where installed
@@ -194,16 +198,22 @@ def gdn_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         raise NotImplementedError(f"CPU chunk_gated_delta_rule: only scale = head_dim**-0.5, got {scale}")
     if cu_seqlens is not None and q.shape[0] != 1:
         raise ValueError(f"packed chunk_gated_delta_rule expects batch 1, got {q.shape[0]}")
-    outs, states = [], []
-    for i, (a, b) in enumerate(_segments(cu_seqlens, q.shape[1])):
-        init = None if initial_state is None else initial_state[i:i + 1] if cu_seqlens is not None else initial_state
-        o, state = torch_chunk_gated_delta_rule(
-            q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b], initial_state=init,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        outs.append(o)
-        states.append(state)
-    final = torch.cat(states, dim=0) if output_final_state else None
-    return torch.cat(outs, dim=1), final
+    segments = _segments(cu_seqlens, q.shape[1])
+    if len(segments) == 1:
+        return torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=initial_state,
+                                            output_final_state=output_final_state,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    longest = max(b - a for a, b in segments)
+
+    def batched(x):   # [1, T, ...] packed -> [N, longest, ...], zeros after each sequence
+        return torch.stack([torch.nn.functional.pad(x[0, a:b], (0, 0) * (x.dim() - 2) + (0, longest - (b - a)))
+                            for a, b in segments])
+
+    o, final = torch_chunk_gated_delta_rule(
+        batched(q), batched(k), batched(v), g=batched(g), beta=batched(beta), initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    o = torch.cat([o[i, :b - a] for i, (a, b) in enumerate(segments)]).unsqueeze(0)
+    return o, final if output_final_state else None
 
 
 def _patch_gated_delta_net() -> None:

@@ -1,5 +1,5 @@
 """The CPU stand-ins for fla's GDN kernels (megatron_rl.parallel.cpu_compat) are transformers' own torch path
-for Qwen3.5, applied one packed sequence at a time, with fla's call signatures and layouts."""
+for Qwen3.5, applied to the packed sequences as one zero-padded batch, with fla's call signatures and layouts."""
 import inspect
 
 import pytest
@@ -16,6 +16,8 @@ def _cu():
 
 
 def test_packed_gated_delta_rule_is_transformers_torch_path_per_sequence():
+    """Each packed sequence gets what transformers' torch path gives it alone (outputs and final state, also from
+    its own initial state), though they run as one padded batch."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     ref_fn = inspect.unwrap(torch_chunk_gated_delta_rule)
@@ -24,17 +26,23 @@ def test_packed_gated_delta_rule_is_transformers_torch_path_per_sequence():
     q, k = (F.normalize(torch.randn(1, t, h, dk, generator=g), dim=-1) for _ in range(2))
     v = torch.randn(1, t, h, dv, generator=g)
     gate, beta = -torch.rand(1, t, h, generator=g), torch.rand(1, t, h, generator=g)
-    out, final = gdn_chunk_gated_delta_rule(q, k, v, g=gate, beta=beta, cu_seqlens=_cu(), output_final_state=True)
-    assert out.shape == (1, t, h, dv) and final.shape == (len(LENS), h, dk, dv)
-    start = 0
-    for i, n in enumerate(LENS):
-        s = slice(start, start + n)
-        want, state = ref_fn(q[:, s], k[:, s], v[:, s], g=gate[:, s], beta=beta[:, s], output_final_state=True)
-        assert torch.equal(out[:, s], want) and torch.equal(final[i], state[0])
-        start += n
+    init = torch.randn(len(LENS), h, dk, dv, generator=g)
+    for initial in (None, init):
+        out, final = gdn_chunk_gated_delta_rule(q, k, v, g=gate, beta=beta, cu_seqlens=_cu(), output_final_state=True,
+                                                initial_state=initial)
+        assert out.shape == (1, t, h, dv) and final.shape == (len(LENS), h, dk, dv)
+        start = 0
+        for i, n in enumerate(LENS):
+            s = slice(start, start + n)
+            want, state = ref_fn(q[:, s], k[:, s], v[:, s], g=gate[:, s], beta=beta[:, s], output_final_state=True,
+                                 initial_state=None if initial is None else initial[i:i + 1])
+            torch.testing.assert_close(out[:, s], want, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(final[i], state[0], atol=1e-6, rtol=1e-5)
+            start += n
     # a packed sequence does not see its neighbours: the same sequence alone gives the same output
+    out, _ = gdn_chunk_gated_delta_rule(q, k, v, g=gate, beta=beta, cu_seqlens=_cu())
     alone, _ = gdn_chunk_gated_delta_rule(q[:, 5:75], k[:, 5:75], v[:, 5:75], g=gate[:, 5:75], beta=beta[:, 5:75])
-    assert torch.equal(alone, out[:, 5:75])
+    torch.testing.assert_close(alone, out[:, 5:75], atol=1e-6, rtol=1e-5)
 
 
 def test_packed_causal_conv1d_restarts_per_sequence_and_matches_torch_conv():

@@ -44,3 +44,14 @@ def test_reduced_recipe_orders_the_stages(tmp_path):
     assert rft["targets"] >= 1 and rft["clusters_per_prompt_before"] >= rft["clusters_per_prompt_after"] >= 1
     table = (work / "recipe.md").read_text()
     assert all(f"| {s} | L1 |" in table for s in st)
+
+
+def test_recipe_config_names_a_bad_tokenizer_setting():
+    from megatron_rl.config import ConfigError
+    from megatron_rl.recipe import load_recipe_config
+
+    assert load_recipe_config(None, ["tokenizer_vocab=2048"]).tokenizer_merge_within == "lines"
+    with pytest.raises(ConfigError, match="tokenizer_vocab must be 0"):
+        load_recipe_config(None, ["tokenizer_vocab=100"])
+    with pytest.raises(ConfigError, match="tokenizer_merge_within"):
+        load_recipe_config(None, ["tokenizer_vocab=2048", "tokenizer_merge_within=sentences"])
