@@ -73,6 +73,9 @@ class RecipeConfig:
     rft_targets: int = 2               # targets per prompt, drawn across clusters
     rft_prompts: int | None = None     # None: every training prompt
     rft_temperature: float = 1.0
+    # RFT fine-tunes on its drawn targets together with the teacher rows (replay): on its targets alone (17 rows of
+    # 12 prompts in the 2026-12-04 run) the SFT model drifted toward those prompts and lost a held-out task
+    rft_replay: bool = True
     rft: list[str] = dataclasses.field(default_factory=list)          # overrides of the RFT SFT run
     rl_config: str = "configs/recipe_cpu_rl.yaml"
     rl: list[str] = dataclasses.field(default_factory=list)           # overrides of the RL run
@@ -83,6 +86,9 @@ class RecipeConfig:
     max_new_tokens: int = 400
     verifier_trials: int = 3
     verifier_timing_trials: int = 10
+    # the teacher's rows need a verified pass; their speedup is recorded but not trained on, so fewer timed trials
+    # (None: verifier_timing_trials)
+    teacher_timing_trials: int | None = None
     compile_workers: int = 2
     engine_threads: int | None = None
     stop_after: str | None = None      # a stage name: stop once it is evaluated (debugging)
@@ -117,6 +123,8 @@ def load_recipe_config(path: str | None, overrides: list[str]) -> RecipeConfig:
     problems += [f"compact_styles: {s} is not one of {STYLES}" for s in cfg.compact_styles if s not in STYLES]
     if cfg.stop_after is not None and cfg.stop_after not in STAGES:
         problems.append(f"stop_after must be one of {STAGES}, got {cfg.stop_after!r}")
+    if cfg.teacher_timing_trials is not None and cfg.teacher_timing_trials < 1:
+        problems.append(f"teacher_timing_trials must be >= 1 or null, got {cfg.teacher_timing_trials}")
     for name in ("train_single", "heldout_single", "eval_samples", "rft_samples", "rft_targets"):
         if getattr(cfg, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -167,10 +175,10 @@ class Recipe:
         print(f"[recipe] {name} done in {self.seconds[name]:.0f}s", flush=True)
         return json.loads(lines[-1])
 
-    def verifier_args(self) -> list[str]:
+    def verifier_args(self, timing_trials: int | None = None) -> list[str]:
         c = self.cfg
         return ["--cache", str(self.cache), "--trials", str(c.verifier_trials), "--timing-trials",
-                str(c.verifier_timing_trials), "--compile-workers", str(c.compile_workers)]
+                str(timing_trials or c.verifier_timing_trials), "--compile-workers", str(c.compile_workers)]
 
     # ---- stages
     def tasks(self) -> tuple[Path, Path, dict[str, Any]]:
@@ -303,7 +311,7 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
                                  "--style", "compact", "--compact-styles", ",".join(cfg.compact_styles),
                                  "--backend", "cpu", "--out", str(data / "sft.jsonl"),
                                  "--verdicts", str(data / "teacher_verdicts.jsonl"), "--seed", str(cfg.seed),
-                                 *rc.verifier_args()])
+                                 *rc.verifier_args(cfg.teacher_timing_trials)])
     if teacher["rows_written"] == 0:
         raise StageFailed(f"the teacher wrote no verified row: {teacher}")
     summaries: dict[str, dict] = {}
@@ -333,7 +341,8 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
                                          *rc.verifier_args()])
         if rft_info["targets"] == 0:
             raise StageFailed(f"RFT drew no target (no verified sample): {rft_info}")
-        exports["rft"] = rc.sft("rft", [data / "rft.jsonl"], exports["sft"], list(cfg.rft))
+        rft_data = [data / "sft.jsonl", data / "rft.jsonl"] if cfg.rft_replay else [data / "rft.jsonl"]
+        exports["rft"] = rc.sft("rft", rft_data, exports["sft"], list(cfg.rft))
         summaries["rft"] = rc.evaluate("rft", exports["rft"], heldout)
     if cfg.stop_after not in ("init", "sft", "rft"):
         rl_dir = root / "rl"
