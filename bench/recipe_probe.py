@@ -65,11 +65,12 @@ def main(argv: list[str] | None = None) -> dict:
     @torch.no_grad()
     def distribution(prefix: str, continuations: list[str]) -> list[float]:
         """Softmax over the continuations' summed token log-probabilities after ``prefix``."""
-        n = len(tok(prefix, add_special_tokens=False).input_ids)
+        head = tok(prefix, add_special_tokens=False, return_tensors="pt").input_ids[0]
+        n = len(head)
         scores = []
         for c in continuations:
             ids = tok(prefix + c, add_special_tokens=False, return_tensors="pt").input_ids
-            if not torch.equal(ids[0, :n], tok(prefix, add_special_tokens=False, return_tensors="pt").input_ids[0]):
+            if not torch.equal(ids[0, :n], head):
                 raise SystemExit("the tokenizer merges the prompt with the plan line: cannot score lines apart")
             logp = torch.log_softmax(model(ids).logits[0, n - 1:-1].float(), -1)
             scores.append(logp.gather(1, ids[0, n:, None]).sum().item())

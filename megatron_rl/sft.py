@@ -38,7 +38,7 @@ from megatron_rl.actor.actor import ActorConfig
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
                                 _omegaconf_problem, abs_path, hf_model_config)
-from megatron_rl.fsutil import publish_dir, replace_dir
+from megatron_rl.fsutil import publish_dir, rebuild_dir
 from megatron_rl.observability import RunLogger
 
 log = logging.getLogger("megatron_rl.sft")
@@ -221,24 +221,19 @@ class SFTWorker(TrainWorker):
             for _ in stream:   # the export is collective over the model-parallel group
                 pass
             return None
-        out = Path(out_dir)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            writer = ShardedSafetensorsWriter(tmp)
+
+        def build(d: str) -> None:
+            writer = ShardedSafetensorsWriter(d)
             writer.add_all(stream)
             bridge = get_bridge(self.actor.hf_config)
             state = LazyHFState(self.model_dir)   # tensors the model does not hold (a vision tower), as they were
             writer.add_all((n, state.read(n)) for n in bridge.passthrough_hf_names(list(state.keys())))
             writer.close()
-            write_hf_config(tmp, self.actor.hf_config.to_dict(), self.actor.cfg.torch_dtype, bridge.hf_architectures)
-            copy_assets(assets_dir, tmp)
-            replace_dir(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return str(out)
+            write_hf_config(d, self.actor.hf_config.to_dict(), self.actor.cfg.torch_dtype,
+                            bridge.hf_architectures)
+            copy_assets(assets_dir, d)
+
+        return str(rebuild_dir(build, out_dir))
 
 
 def stage_hf_assets(model_dir: str, tokenizer_dir: str, dest: Path) -> str:

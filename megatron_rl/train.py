@@ -48,7 +48,7 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
     `model.path` means a tiny random model of `model.tiny.arch` (the Qwen3.5 hybrid by default), built once per
     run dir (deterministic from `model.tiny.init_seed`), with the tokenizer's files beside its weights so its
     checkpoints and exports carry them."""
-    from megatron_rl.fsutil import publish_dir
+    from megatron_rl.fsutil import publish_dir, rebuild_dir
     from megatron_rl.rollout.environment import environment_class
 
     run_dir = cfg.run_dir
@@ -79,8 +79,6 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
     if not (spec_file.is_file() and spec_file.read_text() == spec and (model_dir / "config.json").is_file()):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from megatron_rl.fsutil import rebuild_dir
 
         hf_cfg = t.hf_config(t.vocab_size or len(AutoTokenizer.from_pretrained(tokenizer_path)))
         torch.manual_seed(t.init_seed)
