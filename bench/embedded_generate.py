@@ -149,7 +149,10 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
     from megatron_rl.rollout.embedded_server import EmbeddedServer
     from megatron_rl.rollout.slot_decode import uncompile_blocks
 
+    from torch._dynamo.utils import counters
+
     path, *variants = decode.split("+")
+    graphs_before = counters["stats"]["unique_graphs"]
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=max(levels), gather_ms=args.gather_ms,
                                                         decode=path, compile_decode="compile" in variants,
                                                         compile_blocks=path == "slots" and "eager" not in variants,
@@ -169,7 +172,11 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
             t = time.perf_counter()
             for n in levels:
                 await _wave(client, n, args.prompt_len, 3, cfg["vocab_size"], 0)
+                print(json.dumps({"decode": decode, "warmed_up": n, "after_s": round(time.perf_counter() - t, 1),
+                                  "dynamo_graphs": counters["stats"]["unique_graphs"] - graphs_before}),
+                      file=sys.stderr, flush=True)
             out["warmup_s"] = round(time.perf_counter() - t, 2)
+            out["dynamo_graphs_in_warmup"] = counters["stats"]["unique_graphs"] - graphs_before
             for n in levels:
                 if acc is not None:
                     acc.update({k: 0 if isinstance(v, int) else 0.0 for k, v in acc.items()})

@@ -235,6 +235,10 @@ class _SlotLinear(LinearAttentionLayer):
     def bind(self, n: int) -> None:
         self.conv_states[0] = self.conv_buf[:n]
         self.recurrent_states[0] = self.recurrent_buf[:n]
+        if hasattr(self.conv_buf, "_dynamo_static_indices"):   # compiled decode: views keep the fixed dims static
+            for view in (self.conv_states[0], self.recurrent_states[0]):
+                for dim in range(1, view.dim()):
+                    torch._dynamo.mark_static(view, dim)
 
 
 class SlotCache(Cache):
@@ -296,6 +300,7 @@ class SlotDecoder:
         self.cpu_budget_bytes = cpu_budget_bytes
         self.layer_types = list(getattr(model.config, "layer_types", None) or
                                 ["full_attention"] * model.config.num_hidden_layers)
+        self._mask_types = tuple(sorted(set(self.layer_types)))   # the layer types that get an attention mask
         self.active: list[Any] = []          # active[i] occupies slot i
         self.stats = SlotStats()
         self._cache: SlotCache | None = None
@@ -305,9 +310,15 @@ class SlotDecoder:
         self._buckets = batch_buckets(max_batch)
         self._layout: tuple[int, int, list] | None = None   # (bytes per token, state bytes per slot, layer specs)
         # torch.compile fuses the step's ~50 small elementwise kernels per layer (norms, RoPE, SiLU) that otherwise
-        # take as long as the weights' GEMMs at small batches; dynamic shapes: dynamo compiles batch 1, the first
-        # larger batch, then one graph with a dynamic batch for every other size
+        # take as long as the weights' GEMMs at small batches. Dynamic shapes, with the buffers' fixed dims marked
+        # static (`_allocate`) and the masks cut inside the compiled call: one compile serves every batch above 1
+        # and every reallocation on a CPU (dynamo specialises 1; with CUDA graphs one row runs in the batch-2
+        # graph). A batch equal to a dim that is a symbol at the first compile (2 KV heads) is unified with it, so
+        # the next batch compiles again: 100-150 s each for the 36-layer 8B step on the H200, where one
+        # recompile (batch 16) remains, its cause not yet found
+        self.compile_decode = compile_decode
         self._model_call = torch.compile(_call_model, dynamic=True) if compile_decode else _call_model
+        self._min_bucket = 2 if compile_decode and self.cuda_graphs and max_batch >= 2 else 1
         #: decode attention through flash varlen (see `grouped_decode_sdpa`); None when it can, else why not
         self.flash_reason = flash_decode_reason(model)
         self.flash = self.flash_reason is None
@@ -403,6 +414,13 @@ class SlotDecoder:
         # 0, length, 2 length, ...; the leading n + 1 columns serve a step over n rows
         offsets = torch.arange(slots + 1, dtype=torch.int32, device=self.device)
         varlen = torch.stack([torch.ones_like(offsets), offsets, offsets * length])
+        if self.compile_decode:   # the dims no reallocation changes (heads, head dims, state shapes) are constants
+            for layer in layers:
+                for buf in ((layer.keys, layer.values) if isinstance(layer, _SlotAttention)
+                            else (layer.conv_buf, layer.recurrent_buf)):
+                    for dim in range(2 if isinstance(layer, _SlotAttention) else 1, buf.dim()):
+                        torch._dynamo.mark_static(buf, dim)
+            torch._dynamo.mark_static(varlen, 0)
         for name, buf in buffers.items():
             setattr(self, name, buf)
         self._cache, self.rows, self.columns, self.varlen = SlotCache(layers), rows, columns, varlen
@@ -499,7 +517,8 @@ class SlotDecoder:
     # ------------------------------------------------------------------ the step
 
     def bucket(self, n: int) -> int:
-        return next(b for b in self._buckets if b >= n) if self.cuda_graphs else n
+        """The graphed batch size that serves `n` rows (`n` itself without CUDA graphs)."""
+        return next(b for b in self._buckets if b >= max(n, self._min_bucket)) if self.cuda_graphs else n
 
     def step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One decode step over the active slots: (logits, tokens, logprobs) of the ``n`` active rows, the tokens
@@ -529,16 +548,12 @@ class SlotDecoder:
         return logits, tokens, logprobs
 
     def _forward(self, n: int) -> torch.Tensor:
-        length = self.max_len
-        pos = self.pos[:n]
         if self.flash:
-            self.varlen[0, :n] = pos + 1
-            mask = self.varlen[:, : n + 1]
-        else:
-            mask = (self.columns.view(1, length) <= pos.view(n, 1)).view(n, 1, 1, length)
-        masks = {t: (mask if t == "full_attention" else None) for t in set(self.layer_types)}
+            self.varlen[0, :n] = self.pos[:n] + 1
         self._cache.bind(n, self.rows, self.pos)
-        return self._model_call(self.model, self.ids[:n].view(n, 1), pos.view(n, 1), masks, self._cache)
+        return self._model_call(self.model, self.ids[:n].view(n, 1), self.pos[:n].view(n, 1), self._cache,
+                                self._mask_types, self.varlen if self.flash else None,
+                                self.columns)
 
     def _capture(self, b: int):
         """Capture the step for `b` rows. The warm-up runs really execute: K/V they write at each row's position
@@ -592,8 +607,17 @@ class SlotDecoder:
                 "resizes": self.stats.resizes}
 
 
-def _call_model(model, ids: torch.Tensor, pos: torch.Tensor, masks: dict, cache: SlotCache) -> torch.Tensor:
-    """The decode forward: one token per row, per-row positions, a prebuilt mask per layer type; last logits."""
+def _call_model(model, ids: torch.Tensor, pos: torch.Tensor, cache: SlotCache, layer_types: tuple[str, ...],
+                varlen: torch.Tensor | None, columns: torch.Tensor) -> torch.Tensor:
+    """The decode forward: one token per row at per-row positions; last logits. The attention mask is cut from the
+    slot buffers here, inside what torch.compile traces, so that its sizes are expressions of the batch (a mask
+    sliced outside is an input with size symbols of its own, which duck sizing may tie to an unrelated dim)."""
+    n = ids.shape[0]
+    if varlen is not None:
+        mask = varlen[:, : n + 1]
+    else:
+        mask = (columns.view(1, -1) <= pos.view(n, 1)).view(n, 1, 1, -1)
+    masks = {t: (mask if t == "full_attention" else None) for t in layer_types}
     out = model(input_ids=ids, position_ids=pos, attention_mask=masks, past_key_values=cache, use_cache=True,
                 logits_to_keep=1)
     return out.logits[:, -1, :]
