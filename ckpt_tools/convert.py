@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
-from megatron_rl.bridge.hf_dir import check_hf_input, load_hf_config, load_passthrough
+from megatron_rl.bridge.hf_dir import check_hf_input, load_fp32_source_dtypes, load_hf_config, load_passthrough
 from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
@@ -65,10 +65,12 @@ def _resolve_dtype(requested: str | None, cfg, state: LazyHFState, bridge) -> to
     params dtype and converting in the weights' dtype is what keeps HF -> Megatron -> HF bitwise;
     trusting a config that says bfloat16 over float32 weights would silently round them. A
     checkpoint mixing dtypes cannot round-trip exactly: it is converted in the config's dtype (or
-    the most common one) with a warning naming the tensors that get cast."""
+    the most common one) with a warning naming the tensors that get cast. Tensors the architecture keeps
+    in fp32 are left out of the count: they neither mix the dtypes nor get cast."""
     if requested is not None:
         return parse_dtype(requested)
-    names = [n for n in bridge.hf_param_names() if n in state]
+    # fp32-kept tensors (GDN's A_log) get no vote: the model holds them in fp32 whatever the params dtype
+    names = [n for u in bridge.export_units() if not bridge.keeps_fp32(u) for n in u.hf_names if n in state]
     by_dtype: dict[torch.dtype, list[str]] = {}
     for n in names:
         by_dtype.setdefault(state.dtype(n), []).append(n)
@@ -164,7 +166,11 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
     writer = ShardedSafetensorsWriter(out_dir, max_shard_bytes) if info.rank == 0 else None
     bar = _tqdm(total=len(bridge.hf_param_names()), desc="mcore-to-hf", unit="tensor",
                 disable=not progress or info.rank != 0)
+    # fp32-kept tensors (GDN's A_log) that the source stored in the output dtype go back in it, byte for byte
+    follow = {n for n, d in load_fp32_source_dtypes(ckpt / HF_ASSETS_DIR).items() if d == out_dtype}
     for name, tensor in bridge.export_hf(chunks, dtype=parse_dtype(out_dtype)):
+        if name in follow:
+            tensor = tensor.to(parse_dtype(out_dtype))
         if writer is not None:
             writer.add(name, tensor)
         bar.update()

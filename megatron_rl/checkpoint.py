@@ -334,10 +334,13 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
             shutil.copy2(src / name, dst / name)
             copied.append(name)
     if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
-        from megatron_rl.bridge.hf_dir import PASSTHROUGH_FILE, save_passthrough
+        from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, save_fp32_source_dtypes,
+                                               save_passthrough)
 
         if save_passthrough(src, dst):  # tensors the model does not hold (a vision tower), for the export
             copied.append(PASSTHROUGH_FILE)
+        if save_fp32_source_dtypes(src, dst):  # the dtype a release stored A_log in, for the export
+            copied.append(FP32_SOURCE_DTYPES_FILE)
     return copied
 
 

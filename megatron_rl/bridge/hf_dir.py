@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.fsutil import write_text_atomic
+
 from .hf_state import HFCheckpointError, LazyHFState
 from .registry import bridge_names, get_bridge
 
@@ -92,6 +94,43 @@ def save_passthrough(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> l
     save_file({n: state.read(n).contiguous() for n in names}, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, dst / PASSTHROUGH_FILE)
     return names
+
+
+#: file in a checkpoint's HF assets naming the source dtype of each tensor the model keeps in fp32 (GDN's
+#: ``A_log``), so an export writes a checkpoint that stored them in its weights' dtype back unchanged
+FP32_SOURCE_DTYPES_FILE = "fp32_source_dtypes.json"
+
+
+def save_fp32_source_dtypes(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict[str, str]:
+    """Record in ``dst_dir/FP32_SOURCE_DTYPES_FILE`` the dtype `hf_dir` stores each fp32-kept tensor in; returns
+    the map (empty: no file).
+
+    Why: the actor holds them in fp32 whatever the params dtype, and an export cannot tell a release that
+    stored them in fp32 (kept as such) from one that stored them in bf16 like everything else."""
+    cfg = load_hf_config(hf_dir)
+    bridge = get_bridge(cfg)
+    state = LazyHFState(hf_dir)
+    dtypes = {n: str(state.dtype(n)).removeprefix("torch.") for u in bridge.export_units() if bridge.keeps_fp32(u)
+              for n in u.hf_names if n in state}
+    if dtypes:
+        dst = Path(dst_dir)
+        dst.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(dst / FP32_SOURCE_DTYPES_FILE, json.dumps(dtypes, indent=1, sort_keys=True) + "\n")
+    return dtypes
+
+
+def load_fp32_source_dtypes(assets_dir: str | os.PathLike) -> dict[str, str]:
+    """What `save_fp32_source_dtypes` recorded in `assets_dir` (empty when nothing was)."""
+    path = Path(assets_dir) / FP32_SOURCE_DTYPES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        dtypes = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(dtypes, dict):
+        raise HFCheckpointError(f"{path}: expected an object of tensor name -> dtype")
+    return dtypes
 
 
 def load_passthrough(assets_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
