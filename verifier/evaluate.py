@@ -998,10 +998,18 @@ class _DeviceStage:
         kernel's error is of the float32 reference's order. Finding: (rule, message) or None."""
         import torch
 
+        from . import inputs
         from .inputs import make_inputs
         if self.cfg.precision != "float32":
             self.details["precision_probe"] = {"skipped": f"precision {self.cfg.precision}"}
             return None
+        fp = getattr(self, "footprint", None)
+        if not self.backend.is_gpu and fp is not None:   # its copies of a KernelBench-sized task could exhaust the host
+            need, free = inputs.precision_probe_bytes(fp), inputs.host_available_bytes()
+            if free is not None and need > free:
+                self.details["precision_probe"] = {"skipped": f"needs about {need} bytes of host memory, "
+                                                              f"{free} available"}
+                return None
         args = make_inputs(self.module, seed, self.device, self.cfg.precision)
         rounded = [a.to(torch.float16).to(a.dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
                    else a for a in args]

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import weakref
 from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -202,6 +205,9 @@ class Footprint:
     input_bytes: int
     output_bytes: int | None      # None: the forward does not run on shape-only (meta) tensors
     param_bytes: int | None       # parameters and buffers of one Model; None: it does not build on meta
+    # the most the reference's forward holds at once beyond its inputs and parameters (its intermediates and
+    # outputs: HingeLoss's ``mean(clamp(1 - p * t))`` holds two input-sized temporaries); None: not measured
+    work_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,6 +221,30 @@ def _tensor_bytes(obj: Any) -> int:
     if isinstance(obj, dict):
         return sum(_tensor_bytes(o) for o in obj.values())
     return 0
+
+
+class _PeakBytes(TorchDispatchMode):
+    """The peak bytes of the tensors that ops under this mode create and keep alive (views and in-place results
+    share an input's storage and count nothing). On meta tensors nothing is allocated; a tensor counts until its
+    last Python reference is gone."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not any(torch._C._is_alias_of(t, a) for a in ins):
+                nbytes = t.untyped_storage().nbytes()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, nbytes)
+        return out
 
 
 def estimate_footprint(task_module, precision: str) -> Footprint | None:
@@ -236,8 +266,16 @@ def estimate_footprint(task_module, precision: str) -> Footprint | None:
         with meta, torch.no_grad():
             model = task_module.Model(*init).to(dtype=dtype)
         fp.param_bytes = sum(_tensor_bytes(t) for t in (*model.parameters(), *model.buffers()))
-        with DeviceFactoryMode(meta, None), torch.no_grad():
-            fp.output_bytes = _tensor_bytes(model(*args))
+        peak: _PeakBytes | None = _PeakBytes()
+        try:
+            with DeviceFactoryMode(meta, None), torch.no_grad(), peak:
+                out = model(*args)
+        except Exception:   # an op the dispatch mode cannot follow: the sizes without the working memory
+            peak = None
+            with DeviceFactoryMode(meta, None), torch.no_grad():
+                out = model(*args)
+        fp.output_bytes = _tensor_bytes(out)
+        fp.work_bytes = max(peak.peak, fp.output_bytes) if peak is not None else None
     except Exception:
         pass
     return fp
@@ -333,7 +371,17 @@ def trial_bytes(fp: Footprint) -> tuple[int, int]:
     i = fp.input_bytes
     o = fp.output_bytes if fp.output_bytes is not None else i
     p = fp.param_bytes or 0
-    return 2 * i + 2 * o + p, max(i + 2 * o, 3 * i + 2 * o) + 2 * p
+    extra = max(0, (fp.work_bytes or 0) - o)   # the reference's intermediates, in the parent and in timing
+    return 2 * i + 2 * o + p + extra, max(i + 2 * o, 3 * i + 2 * o) + 2 * p + extra
+
+
+def precision_probe_bytes(fp: Footprint) -> int:
+    """Bytes the parent's precision probe adds on top of a trial: the inputs again, rounded to float16 and back, the
+    float16 reference's output, and a float64 copy of the model, the inputs and the reference's working memory."""
+    i = fp.input_bytes
+    o = fp.output_bytes if fp.output_bytes is not None else i
+    w = max(fp.work_bytes or 0, o)
+    return 4 * i + o + 2 * (fp.param_bytes or 0) + 2 * w
 
 
 def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, host_free: int | None,
@@ -344,8 +392,9 @@ def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, hos
     to them), the reference output and the candidate's output read back; the sandboxed child holds its
     own inputs, the candidate's output and the copy it serialises, and two models (reference and
     candidate) besides the parent's one. On the cpu backend all of that is host memory; timing (three
-    input sets, two outputs) stays below it. Outputs that cannot be sized are taken as large as the
-    inputs (elementwise)."""
+    input sets, two outputs) stays below it. The reference's intermediates (``Footprint.work_bytes``) come on
+    top in the parent, which runs it, and in the child, which times it. Outputs that cannot be sized are taken
+    as large as the inputs (elementwise)."""
     if fp is None:
         return None
     i = fp.input_bytes
@@ -353,6 +402,8 @@ def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, hos
     p = fp.param_bytes or 0
     sizes = (f"inputs {_gib(i)}, outputs {_gib(o)}{'' if fp.output_bytes is not None else ' (assumed)'}, "
              f"parameters {_gib(p)}")
+    if (fp.work_bytes or 0) - o >= GiB // 20:   # named where they show at this precision
+        sizes += f", the reference's intermediates {_gib(fp.work_bytes - o)}"
     parent, child = trial_bytes(fp)
     hint = ("; verify it at smaller shapes (a size profile that rewrites its size constants) or on a GPU "
             "backend" if not is_gpu else "; verify it at smaller shapes or on a device with more memory")

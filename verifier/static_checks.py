@@ -253,6 +253,10 @@ _SHADOWED_MODULES = set(sys.stdlib_module_names) | set(_MODULE_RULES) | {
     "torch", "triton", "torch_musa", "torchada", "safetensors", "numpy", "verifier", "pybind11", "typing_extensions"}
 
 
+# a str.format replacement field that walks to a dunder attribute: "{0.__class__}", "{x[a].__globals__}"
+_FORMAT_DUNDER = re.compile(r"\{[^{}!:]*\.__\w+__")
+
+
 @dataclasses.dataclass(frozen=True)
 class Violation:
     rule: str
@@ -882,6 +886,11 @@ class _Analyzer:
                         self.check_module_value(node, q)
             elif isinstance(node, ast.Call):
                 self.check_call(node)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                m = _FORMAT_DUNDER.search(node.value)
+                if m:   # str.format / format_map resolve a field's attributes: '{0.__class__}'.format(x)
+                    self.add("dynamic_code", f"format field `{m.group(0)}` reaches a dunder attribute (dunders "
+                                             "reach interpreter internals)", node)
         for name, (module, line) in self.tolerated.items():
             if name in used_names:
                 rule = _MODULE_RULES[module]
