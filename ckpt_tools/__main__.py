@@ -72,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tp", type=_positive, default=1)
     c.add_argument("--pp", type=_positive, default=1)
     c.add_argument("--tol", type=float, default=None,
-                   help="max abs logit difference (default 1e-4 for fp32; bf16: 5%% of max |logit|, >= 0.05)")
+                   help="max abs logit difference (default 1e-4 in fp32; bf16: 5%% of max |logit|, >= 0.05)")
+    c.add_argument("--compute-dtype", choices=("auto", "checkpoint", "float32"), default="auto",
+                   help="dtype both models run in: auto (default) = float32 when two float32 copies fit in host "
+                        "memory, else the checkpoint's (bf16 rounding hides nothing a layout bug would show)")
     c.add_argument("--batch", type=_positive, default=2)
     c.add_argument("--seq-len", type=_positive, default=32)
     c.add_argument("--seed", type=int, default=0)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         from .verify import VerifyJob, verify
 
         report = verify(VerifyJob(args.hf, args.ckpt, args.tp, args.pp, args.tol, args.batch, args.seq_len,
-                                  args.seed, args.iteration))
+                                  args.seed, args.iteration, args.compute_dtype))
         print(json.dumps(report.to_json()))
         return EXIT_OK if report.ok else EXIT_MISMATCH
     except ToolError as e:

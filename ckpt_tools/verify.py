@@ -5,13 +5,21 @@ ranks build the Megatron model from the checkpoint, run the same tokens (`megatr
 rank 0 hands its logits back through a temp file. Comparing in the parent keeps at most one
 model in memory per process.
 
-Tolerance: `tol` is an absolute bound on max |logit_hf - logit_megatron|. Default: 1e-4 for fp32
-checkpoints; for bf16/fp16 5% of the largest |HF logit| (at least 0.05), because half-precision
-rounding grows with the logit scale while a layout bug produces errors of the logits' own size.
+Compute dtype: a half-precision checkpoint is run in float32 on both sides by default when two float32
+copies of it fit in the host's available memory (``compute_dtype="auto"``): its weights widen exactly, so
+the comparison sees layout errors only, not bf16 rounding (which, on a small or randomly initialised model
+whose logits are near zero, exceeds any bound relative to the logits). Otherwise, or with
+``compute_dtype="checkpoint"``, both run in the checkpoint's dtype.
+
+Tolerance: `tol` is an absolute bound on max |logit_hf - logit_megatron|. Default: 1e-4 when computing in
+fp32; in bf16/fp16 5% of the largest |HF logit| (at least 0.05), because half-precision rounding grows
+with the logit scale while a layout bug produces errors of the logits' own size.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -41,6 +49,11 @@ class VerifyJob:
     seq_len: int = 32
     seed: int = 0
     iteration: int | None = None
+    compute_dtype: str = "auto"   # auto | checkpoint | float32 (see the module docstring)
+
+
+#: what `VerifyJob.compute_dtype` accepts
+COMPUTE_DTYPES = ("auto", "checkpoint", "float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +63,8 @@ class VerifyReport:
     ok: bool
     max_abs_logit: float
     top1_agreement: float
-    dtype: str
+    dtype: str                    # the dtype both models ran in
+    checkpoint_dtype: str
     tp: int
     pp: int
     tokens: int
@@ -65,11 +79,34 @@ def default_tol(dtype: torch.dtype, max_abs_logit: float) -> float:
     return HALF_REL_TOL * max(1.0, max_abs_logit)
 
 
+def choose_compute_dtype(choice: str, ckpt_dtype: torch.dtype, n_params: int,
+                         available_bytes: int | None) -> torch.dtype:
+    """The dtype both models run in (module docstring): float32 for `auto` when two float32 copies of the
+    `n_params` weights fit in `available_bytes` (unknown: assumed to fit)."""
+    if choice not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype={choice!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
+    if choice == "float32" or ckpt_dtype == torch.float32:
+        return torch.float32
+    if choice == "checkpoint":
+        return ckpt_dtype
+    fits = available_bytes is None or 2 * 4 * n_params <= available_bytes
+    return torch.float32 if fits else ckpt_dtype
+
+
+def _available_host_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def verify(job: VerifyJob) -> VerifyReport:
     par = ParallelSizes(job.tp, job.pp)
     try:
         if job.batch < 1 or job.seq_len < 1:
             raise ValueError(f"batch={job.batch} and seq_len={job.seq_len} must be positive")
+        if job.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype={job.compute_dtype!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
         _it, ckpt = resolve_checkpoint(job.ckpt_dir, job.iteration)
         meta = read_meta(ckpt)
         if not meta.get("hf_config"):
@@ -82,7 +119,9 @@ def verify(job: VerifyJob) -> VerifyReport:
             raise CheckpointError(f"{ckpt}: model_type {ckpt_cfg.model_type!r} but {job.hf_dir} has "
                                   f"{hf_cfg.model_type!r}")
         _check_same_shapes(ckpt, ckpt_cfg, job.hf_dir, hf_cfg)
-        dtype = parse_dtype(meta.get("params_dtype", "float32"))
+        ckpt_dtype = parse_dtype(meta.get("params_dtype", "float32"))
+        n_params = sum(math.prod(shape) for shape in get_bridge(ckpt_cfg).hf_shapes().values() if shape)
+        dtype = choose_compute_dtype(job.compute_dtype, ckpt_dtype, n_params, _available_host_bytes())
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
 
@@ -94,7 +133,7 @@ def verify(job: VerifyJob) -> VerifyReport:
         tok_path, out_path = Path(tmp) / "tokens.pt", Path(tmp) / "logits.pt"
         torch.save(tokens, tok_path)
         run_ranks(_verify_rank, job.tp * job.pp, str(Path(job.ckpt_dir).absolute()), job.iteration,
-                  job.tp, job.pp, str(tok_path), str(out_path))
+                  job.tp, job.pp, str(tok_path), str(out_path), str(dtype).removeprefix("torch."))
         mg_logits = torch.load(out_path)
 
     vocab = hf_logits.shape[-1]
@@ -105,7 +144,8 @@ def verify(job: VerifyJob) -> VerifyReport:
     agree = (mg_logits.argmax(-1) == hf_logits.argmax(-1)).float().mean().item()
     ok = bool(diff <= tol) and torch.isfinite(mg_logits).all().item()
     return VerifyReport(max_abs_logit_diff=diff, tol=tol, ok=ok, max_abs_logit=max_logit,
-                        top1_agreement=agree, dtype=str(dtype).removeprefix("torch."), tp=job.tp,
+                        top1_agreement=agree, dtype=str(dtype).removeprefix("torch."),
+                        checkpoint_dtype=str(ckpt_dtype).removeprefix("torch."), tp=job.tp,
                         pp=job.pp, tokens=int(tokens.numel()))
 
 
@@ -151,7 +191,7 @@ def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.T
     return logits
 
 
-def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path):
+def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path, compute_dtype):
     import torch.distributed as dist
 
     from megatron_rl.checkpoint import load_checkpoint
@@ -166,7 +206,7 @@ def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path):
     meta = read_meta(ckpt)
     cfg = config_from_dict(meta["hf_config"])
     chunks = build_model(cfg, ParallelSizes(tp, pp),
-                         BuildOptions(params_dtype=parse_dtype(meta.get("params_dtype", "float32")),
+                         BuildOptions(params_dtype=parse_dtype(compute_dtype),   # loading widens half weights
                                       perform_initialization=False))
     load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
     for c in chunks:

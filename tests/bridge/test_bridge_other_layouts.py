@@ -66,6 +66,24 @@ def test_half_precision_hybrid_round_trips_its_gdn_dtypes(tmp_path, gdn_fp32):
     for name, t in src.items():
         assert got[name].dtype == t.dtype and torch.equal(got[name], t), (name, t.dtype, got[name].dtype)
     assert not (out / "fp32_source_dtypes.json").exists()  # a checkpoint asset, not part of the release
+    if not gdn_fp32:
+        # verify runs a half checkpoint in fp32 on both sides: this tiny random bf16 hybrid's rounding (0.44 against
+        # a 0.12 bound in bf16) is not a layout error
+        assert main(["verify", "--hf", str(hf_dir), "--ckpt", str(mcore)]) == 0
+
+
+def test_verify_computes_half_checkpoints_in_fp32_when_two_fp32_copies_fit():
+    from ckpt_tools.verify import choose_compute_dtype
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert choose_compute_dtype("auto", bf16, 10**6, 8 * 10**6) == fp32
+    assert choose_compute_dtype("auto", bf16, 10**6, 8 * 10**6 - 1) == bf16      # a 27B model on a small host
+    assert choose_compute_dtype("auto", bf16, 10**6, None) == fp32
+    assert choose_compute_dtype("checkpoint", bf16, 1, None) == bf16
+    assert choose_compute_dtype("float32", bf16, 10**12, 1) == fp32
+    assert choose_compute_dtype("checkpoint", fp32, 1, None) == fp32
+    with pytest.raises(ValueError, match="compute_dtype='fp8'"):
+        choose_compute_dtype("fp8", bf16, 1, None)
 
 
 def test_multimodal_tie_flags_that_disagree_are_refused_by_name(tmp_path, capsys):
