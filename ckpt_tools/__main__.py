@@ -74,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tol", type=float, default=None,
                    help="max abs logit difference (default 1e-4 in fp32; bf16: 5%% of max |logit|, >= 0.05)")
     c.add_argument("--compute-dtype", choices=("auto", "checkpoint", "float32"), default="auto",
-                   help="dtype both models run in: auto (default) = float32 when two float32 copies fit in host "
-                        "memory, else the checkpoint's (bf16 rounding hides nothing a layout bug would show)")
+                   help="dtype both models run in: auto (default) = float32 on a CPU host when two float32 copies "
+                        "fit in its memory, else the checkpoint's (in float32, bf16 rounding cannot mask or mimic "
+                        "a layout error)")
     c.add_argument("--batch", type=_positive, default=2)
     c.add_argument("--seq-len", type=_positive, default=32)
     c.add_argument("--seed", type=int, default=0)

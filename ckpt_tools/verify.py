@@ -5,11 +5,12 @@ ranks build the Megatron model from the checkpoint, run the same tokens (`megatr
 rank 0 hands its logits back through a temp file. Comparing in the parent keeps at most one
 model in memory per process.
 
-Compute dtype: a half-precision checkpoint is run in float32 on both sides by default when two float32
-copies of it fit in the host's available memory (``compute_dtype="auto"``): its weights widen exactly, so
-the comparison sees layout errors only, not bf16 rounding (which, on a small or randomly initialised model
-whose logits are near zero, exceeds any bound relative to the logits). Otherwise, or with
-``compute_dtype="checkpoint"``, both run in the checkpoint's dtype.
+Compute dtype: on a CPU host a half-precision checkpoint runs in float32 on both sides by default when two
+float32 copies of it fit in the host's available memory (``compute_dtype="auto"``): its weights widen
+exactly, so the comparison sees layout errors only, not bf16 rounding (which, on a small or randomly
+initialised model whose logits are near zero, exceeds any bound relative to the logits). On a GPU `auto`
+keeps the checkpoint's dtype: float32 would double the device memory, and fla's GDN kernels round float32
+products to TF32 (2.4e-3 on the H200), beyond the float32 bound. ``checkpoint`` and ``float32`` force one.
 
 Tolerance: `tol` is an absolute bound on max |logit_hf - logit_megatron|. Default: 1e-4 when computing in
 fp32; in bf16/fp16 5% of the largest |HF logit| (at least 0.05), because half-precision rounding grows
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tempfile
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from megatron_rl.bridge import get_bridge
 from megatron_rl.bridge.hf_dir import load_hf_config
 from megatron_rl.checkpoint import CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ParallelSizes, text_config
+from verifier.inputs import host_available_bytes   # MemAvailable, capped by the cgroup's limit
 
 from .convert import INPUT_ERRORS
 from .hf_io import config_from_dict, parse_dtype
@@ -79,25 +80,18 @@ def default_tol(dtype: torch.dtype, max_abs_logit: float) -> float:
     return HALF_REL_TOL * max(1.0, max_abs_logit)
 
 
-def choose_compute_dtype(choice: str, ckpt_dtype: torch.dtype, n_params: int,
-                         available_bytes: int | None) -> torch.dtype:
-    """The dtype both models run in (module docstring): float32 for `auto` when two float32 copies of the
-    `n_params` weights fit in `available_bytes` (unknown: assumed to fit)."""
+def choose_compute_dtype(choice: str, ckpt_dtype: torch.dtype, n_params: int, available_bytes: int | None,
+                         on_gpu: bool = False) -> torch.dtype:
+    """The dtype both models run in (module docstring): float32 for `auto` on a CPU host when two float32
+    copies of the `n_params` weights fit in `available_bytes` (unknown: assumed to fit)."""
     if choice not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype={choice!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
     if choice == "float32" or ckpt_dtype == torch.float32:
         return torch.float32
-    if choice == "checkpoint":
+    if choice == "checkpoint" or on_gpu:
         return ckpt_dtype
     fits = available_bytes is None or 2 * 4 * n_params <= available_bytes
     return torch.float32 if fits else ckpt_dtype
-
-
-def _available_host_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def verify(job: VerifyJob) -> VerifyReport:
@@ -121,7 +115,8 @@ def verify(job: VerifyJob) -> VerifyReport:
         _check_same_shapes(ckpt, ckpt_cfg, job.hf_dir, hf_cfg)
         ckpt_dtype = parse_dtype(meta.get("params_dtype", "float32"))
         n_params = sum(math.prod(shape) for shape in get_bridge(ckpt_cfg).hf_shapes().values() if shape)
-        dtype = choose_compute_dtype(job.compute_dtype, ckpt_dtype, n_params, _available_host_bytes())
+        dtype = choose_compute_dtype(job.compute_dtype, ckpt_dtype, n_params, host_available_bytes(),
+                                     on_gpu=torch.cuda.is_available())
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
 

@@ -187,7 +187,9 @@ def test_v4_bf16_untuned_shape_end_to_end(hf_v4, tmp_path, capsys):
     assert main(["verify", "--hf", str(swapped), "--ckpt", str(mcore)]) == 1
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
     report = json.loads(lines[-1])
-    assert not report["ok"] and report["max_abs_logit_diff"] > report["tol"] and report["dtype"] == "bfloat16"
+    assert not report["ok"] and report["max_abs_logit_diff"] > report["tol"]
+    # on a CPU, verify widens the bf16 checkpoint to float32 on both sides (the 1e-4 bound)
+    assert (report["checkpoint_dtype"], report["dtype"], report["tol"]) == ("bfloat16", "float32", 1e-4)
 
     # --hf pointing at a model of another architecture: named before any rank or HF forward runs
     other = tmp_path / "other"
