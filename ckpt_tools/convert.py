@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
-from megatron_rl.bridge.hf_dir import check_hf_input, load_fp32_source_dtypes, load_hf_config, load_passthrough
+from megatron_rl.bridge.hf_dir import (check_hf_input, follow_source_dtypes, load_fp32_source_dtypes, load_hf_config,
+                                      load_passthrough)
 from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, check_files, read_meta, resolve_checkpoint
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
@@ -167,10 +168,9 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
     bar = _tqdm(total=len(bridge.hf_param_names()), desc="mcore-to-hf", unit="tensor",
                 disable=not progress or info.rank != 0)
     # fp32-kept tensors (GDN's A_log) that the source stored in the output dtype go back in it, byte for byte
-    follow = {n for n, d in load_fp32_source_dtypes(ckpt / HF_ASSETS_DIR).items() if d == out_dtype}
-    for name, tensor in bridge.export_hf(chunks, dtype=parse_dtype(out_dtype)):
-        if name in follow:
-            tensor = tensor.to(parse_dtype(out_dtype))
+    stream = follow_source_dtypes(bridge.export_hf(chunks, dtype=parse_dtype(out_dtype)),
+                                  load_fp32_source_dtypes(ckpt / HF_ASSETS_DIR), parse_dtype(out_dtype))
+    for name, tensor in stream:
         if writer is not None:
             writer.add(name, tensor)
         bar.update()

@@ -215,6 +215,7 @@ class SFTWorker(TrainWorker):
         ``assets_dir``), written beside ``out_dir`` and renamed over it. Collective; rank 0 writes."""
         from ckpt_tools.hf_io import ShardedSafetensorsWriter, copy_assets, write_hf_config
         from megatron_rl.bridge import LazyHFState, get_bridge
+        from megatron_rl.bridge.hf_dir import follow_source_dtypes, fp32_source_dtypes
 
         stream = self.actor.export_hf()
         if self.rank != 0:
@@ -224,7 +225,8 @@ class SFTWorker(TrainWorker):
 
         def build(d: str) -> None:
             writer = ShardedSafetensorsWriter(d)
-            writer.add_all(stream)
+            # A_log/dt_bias back in the dtype the starting model stored them in, as `mcore-to-hf` writes them
+            writer.add_all(follow_source_dtypes(stream, fp32_source_dtypes(self.model_dir), self.actor.cfg.torch_dtype))
             bridge = get_bridge(self.actor.hf_config)
             state = LazyHFState(self.model_dir)   # tensors the model does not hold (a vision tower), as they were
             writer.add_all((n, state.read(n)) for n in bridge.passthrough_hf_names(list(state.keys())))

@@ -48,6 +48,20 @@ def check_model_type(model_type, where) -> None:
                                 f"supported: {bridge_names()}")
 
 
+def _tie_flag_hint(cfg, missing: list[str]) -> str:
+    """Why an output layer may be missing: a multimodal config whose top-level ``tie_word_embeddings`` says tied
+    (its class saved no lm_head) while ``text_config``'s, which the language model reads, says untied."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if text is cfg or not any(n.endswith("lm_head.weight") for n in missing):
+        return ""
+    top, inner = getattr(cfg, "tie_word_embeddings", None), getattr(text, "tie_word_embeddings", None)
+    if top and inner is False:
+        return ("; tie_word_embeddings=true but text_config.tie_word_embeddings=false: the multimodal class ties "
+                "the output layer to the embedding and saved none, the language model reads text_config's flag; "
+                "set text_config.tie_word_embeddings to true")
+    return ""
+
+
 def check_hf_input(hf_dir: str, par):
     """(config, bridge, state) after validating everything a conversion needs from `hf_dir`."""
     cfg = load_hf_config(hf_dir)
@@ -57,7 +71,8 @@ def check_hf_input(hf_dir: str, par):
     missing, unexpected = bridge.check_hf_names(list(state.keys()))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise HFCheckpointError(f"{hf_dir}: tensors missing for this config: {missing[:5]}{more}")
+        raise HFCheckpointError(f"{hf_dir}: tensors missing for this config: {missing[:5]}{more}"
+                                f"{_tie_flag_hint(cfg, missing)}")
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise HFCheckpointError(f"{hf_dir}: tensors this {bridge.name} config does not use: "
@@ -101,17 +116,30 @@ def save_passthrough(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> l
 FP32_SOURCE_DTYPES_FILE = "fp32_source_dtypes.json"
 
 
-def save_fp32_source_dtypes(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict[str, str]:
-    """Record in ``dst_dir/FP32_SOURCE_DTYPES_FILE`` the dtype `hf_dir` stores each fp32-kept tensor in; returns
-    the map (empty: no file).
+def fp32_source_dtypes(hf_dir: str | os.PathLike) -> dict[str, str]:
+    """The dtype `hf_dir` stores each tensor in that the model keeps in fp32 (GDN's ``A_log``), by HF name.
 
     Why: the actor holds them in fp32 whatever the params dtype, and an export cannot tell a release that
     stored them in fp32 (kept as such) from one that stored them in bf16 like everything else."""
-    cfg = load_hf_config(hf_dir)
-    bridge = get_bridge(cfg)
+    bridge = get_bridge(load_hf_config(hf_dir))
     state = LazyHFState(hf_dir)
-    dtypes = {n: str(state.dtype(n)).removeprefix("torch.") for u in bridge.export_units() if bridge.keeps_fp32(u)
-              for n in u.hf_names if n in state}
+    return {n: str(state.dtype(n)).removeprefix("torch.") for u in bridge.export_units() if bridge.keeps_fp32(u)
+            for n in u.hf_names if n in state}
+
+
+def follow_source_dtypes(stream, source_dtypes: dict[str, str], out_dtype: torch.dtype):
+    """An export's (name, tensor) stream with the fp32-kept tensors that the source stored in `out_dtype` cast
+    back to it (byte-identical to the source when the weights did not change); the rest as they come."""
+    name = str(out_dtype).removeprefix("torch.")
+    follow = {n for n, d in source_dtypes.items() if d == name}
+    for n, t in stream:
+        yield n, (t.to(out_dtype) if n in follow else t)
+
+
+def save_fp32_source_dtypes(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict[str, str]:
+    """Record `fp32_source_dtypes` of `hf_dir` in ``dst_dir/FP32_SOURCE_DTYPES_FILE`` (no file when there are
+    none), so a checkpoint's later export can follow them; returns the map."""
+    dtypes = fp32_source_dtypes(hf_dir)
     if dtypes:
         dst = Path(dst_dir)
         dst.mkdir(parents=True, exist_ok=True)

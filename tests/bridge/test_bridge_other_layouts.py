@@ -3,8 +3,8 @@
 - A half-precision Qwen3.5 checkpoint that stores GDN's ``A_log`` / ``dt_bias`` in bf16 like every other
   weight: the actor holds them in fp32, and the export must still write them back in bf16, bitwise.
 - A hub-style one that stores them in fp32 beside bf16 weights: not a "mixed dtype" checkpoint.
-- A multimodal config whose top-level ``tie_word_embeddings`` says tied and whose ``text_config`` does not:
-  transformers' two Qwen3.5 classes would run different output layers, so it is refused by name.
+- A multimodal config whose top-level ``tie_word_embeddings`` says tied and whose ``text_config`` does not, saved
+  without an output layer: the error names both flags.
 """
 import json
 
@@ -82,11 +82,14 @@ def test_verify_computes_half_checkpoints_in_fp32_when_two_fp32_copies_fit():
     assert choose_compute_dtype("checkpoint", bf16, 1, None) == bf16
     assert choose_compute_dtype("float32", bf16, 10**12, 1) == fp32
     assert choose_compute_dtype("checkpoint", fp32, 1, None) == fp32
+    assert choose_compute_dtype("auto", bf16, 1, None, on_gpu=True) == bf16   # TF32 in fla's kernels, device memory
     with pytest.raises(ValueError, match="compute_dtype='fp8'"):
         choose_compute_dtype("fp8", bf16, 1, None)
 
 
-def test_multimodal_tie_flags_that_disagree_are_refused_by_name(tmp_path, capsys):
+def test_multimodal_tie_flags_that_disagree_name_the_flags_when_the_output_layer_is_missing(tmp_path, capsys):
+    """Top-level tied, text_config untied, no lm_head saved (the multimodal class tied it): the error names both
+    flags, not only the missing tensor. (With lm_head present, both transformers classes run it: converted.)"""
     hf_dir = _save_hf(tmp_path / "hf", gdn_fp32=False, multimodal=True, tied=True)
     raw = json.loads((hf_dir / "config.json").read_text())
     assert raw["tie_word_embeddings"] is True

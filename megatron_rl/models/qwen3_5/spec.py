@@ -66,12 +66,6 @@ def validate(hf, par: ParallelSizes) -> None:
     problems += rope_problems(cfg, partial_allowed=True)
     if getattr(cfg, "attn_output_gate", True) is not True:
         problems.append("attn_output_gate=false: the spec's attention always has the output gate")
-    if cfg is not hf and getattr(hf, "tie_word_embeddings", False) and not tied_embeddings(hf):
-        # Qwen3_5ForConditionalGeneration ties on the top-level flag, Qwen3_5ForCausalLM (what AutoModelForCausalLM,
-        # the engines and `verify` load) on text_config's: the two would run different output layers
-        problems.append("tie_word_embeddings=true but text_config.tie_word_embeddings=false: transformers' "
-                        "Qwen3_5ForConditionalGeneration ties lm_head to the embedding and Qwen3_5ForCausalLM does "
-                        "not; set text_config.tie_word_embeddings to the same value")
     ssm_dtype = getattr(cfg, "mamba_ssm_dtype", "float32")
     if ssm_dtype not in (None, "float32"):
         problems.append(f"mamba_ssm_dtype={ssm_dtype!r}: the GDN state and A_log/dt_bias are fp32 here")
