@@ -235,10 +235,6 @@ class _SlotLinear(LinearAttentionLayer):
     def bind(self, n: int) -> None:
         self.conv_states[0] = self.conv_buf[:n]
         self.recurrent_states[0] = self.recurrent_buf[:n]
-        if hasattr(self.conv_buf, "_dynamo_static_indices"):   # compiled decode: views keep the fixed dims static
-            for view in (self.conv_states[0], self.recurrent_states[0]):
-                for dim in range(1, view.dim()):
-                    torch._dynamo.mark_static(view, dim)
 
 
 class SlotCache(Cache):
@@ -311,11 +307,11 @@ class SlotDecoder:
         self._layout: tuple[int, int, list] | None = None   # (bytes per token, state bytes per slot, layer specs)
         # torch.compile fuses the step's ~50 small elementwise kernels per layer (norms, RoPE, SiLU) that otherwise
         # take as long as the weights' GEMMs at small batches. Dynamic shapes, with the buffers' fixed dims marked
-        # static (`_allocate`) and the masks cut inside the compiled call: one compile serves every batch above 1
-        # and every reallocation on a CPU (dynamo specialises 1; with CUDA graphs one row runs in the batch-2
-        # graph). A batch equal to a dim that is a symbol at the first compile (2 KV heads) is unified with it, so
-        # the next batch compiles again: 100-150 s each for the 36-layer 8B step on the H200, where one
-        # recompile (batch 16) remains, its cause not yet found
+        # static (`_allocate`) and the masks cut inside the compiled call: on a CPU one compile serves every batch
+        # above 1 and a reallocation (dynamo specialises 1; with CUDA graphs one row runs in the batch-2 graph).
+        # Without the marks, dynamo's duck sizing ties a batch equal to a buffer dim at the first compile (the
+        # test model's 2 KV heads) to that dim, and the next batch compiles again: 100-150 s each for the
+        # 36-layer 8B step on the H200, where one recompile (batch 16) remains, its cause not yet found
         self.compile_decode = compile_decode
         self._model_call = torch.compile(_call_model, dynamic=True) if compile_decode else _call_model
         self._min_bucket = 2 if compile_decode and self.cuda_graphs and max_batch >= 2 else 1
@@ -414,12 +410,11 @@ class SlotDecoder:
         # 0, length, 2 length, ...; the leading n + 1 columns serve a step over n rows
         offsets = torch.arange(slots + 1, dtype=torch.int32, device=self.device)
         varlen = torch.stack([torch.ones_like(offsets), offsets, offsets * length])
-        if self.compile_decode:   # the dims no reallocation changes (heads, head dims, state shapes) are constants
-            for layer in layers:
-                for buf in ((layer.keys, layer.values) if isinstance(layer, _SlotAttention)
-                            else (layer.conv_buf, layer.recurrent_buf)):
-                    for dim in range(2 if isinstance(layer, _SlotAttention) else 1, buf.dim()):
-                        torch._dynamo.mark_static(buf, dim)
+        if self.compile_decode:   # the dims no reallocation changes (KV heads, head dims) are constants
+            for layer in layers:   # attention only: the engine refuses compile_decode for Gated DeltaNet models
+                for buf in (layer.keys, layer.values):
+                    torch._dynamo.mark_static(buf, 2)
+                    torch._dynamo.mark_static(buf, 3)
             torch._dynamo.mark_static(varlen, 0)
         for name, buf in buffers.items():
             setattr(self, name, buf)

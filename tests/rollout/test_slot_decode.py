@@ -354,8 +354,9 @@ def test_compiled_decode_matches_eager_and_compiles_once_for_every_batch_size_ab
     compiled = EmbeddedEngine(model, EmbeddedEngineConfig(compile_decode=True, **kw))
     eager = EmbeddedEngine(model, EmbeddedEngineConfig(**kw))
     graphs = []
-    for n in (2, 3, 5, 8):
-        jobs = [([i + 1, 2, 3], 6, i) for i in range(n)]
+    for n in (2, 3, 5, 8, 3):
+        # the last wave asks for 300 tokens: the slots grow past one length quantum (a reallocation)
+        jobs = [([i + 1, 2, 3], 6 if len(graphs) < 4 else 300, i) for i in range(n)]
         a = _generate(compiled, jobs, shutdown=False)
         graphs.append(counters["stats"]["unique_graphs"])
         b = _generate(eager, jobs, shutdown=False)
@@ -366,8 +367,8 @@ def test_compiled_decode_matches_eager_and_compiles_once_for_every_batch_size_ab
             assert max(abs(p - q) for p, q in zip(lx, ly)) < 1e-4
     compiled.shutdown()
     eager.shutdown()
-    assert graphs[1:] == [graphs[0]] * 3, graphs
-    assert compiled.decode_info()["compiled"]
+    assert graphs[1:] == [graphs[0]] * 4, graphs
+    assert compiled.decode_info()["compiled"] and compiled.decode_info()["max_len"] > 256
     # with CUDA graphs, one row decodes in the batch-2 graph: batch 1 would be dynamo's one specialised compile
     slots = compiled._slots
     slots.cuda_graphs, slots._min_bucket = True, 2
