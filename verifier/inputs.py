@@ -346,7 +346,8 @@ def memory_taken_by_others(fp_dict: dict | None, free_bytes: int | None, margin_
     if not fp_dict or free_bytes is None:
         return False
     try:
-        fp = Footprint(int(fp_dict["input_bytes"]), fp_dict.get("output_bytes"), fp_dict.get("param_bytes"))
+        fp = Footprint(int(fp_dict["input_bytes"]), fp_dict.get("output_bytes"), fp_dict.get("param_bytes"),
+                       fp_dict.get("work_bytes"))
     except (KeyError, TypeError, ValueError):
         return False
     return free_bytes < sum(trial_bytes(fp)) + margin_bytes

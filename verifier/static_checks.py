@@ -253,8 +253,9 @@ _SHADOWED_MODULES = set(sys.stdlib_module_names) | set(_MODULE_RULES) | {
     "torch", "triton", "torch_musa", "torchada", "safetensors", "numpy", "verifier", "pybind11", "typing_extensions"}
 
 
-# a str.format replacement field that walks to a dunder attribute: "{0.__class__}", "{x[a].__globals__}"
-_FORMAT_DUNDER = re.compile(r"\{[^{}!:]*\.__\w+__")
+# a str.format replacement field's attribute steps: "{0.__class__}", "{x[a].__globals__.y}" (the dunder names)
+_FORMAT_FIELD = re.compile(r"\{([^{}!:]*)")
+_FORMAT_ATTR = re.compile(r"\.(__\w+__)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -886,11 +887,6 @@ class _Analyzer:
                         self.check_module_value(node, q)
             elif isinstance(node, ast.Call):
                 self.check_call(node)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                m = _FORMAT_DUNDER.search(node.value)
-                if m:   # str.format / format_map resolve a field's attributes: '{0.__class__}'.format(x)
-                    self.add("dynamic_code", f"format field `{m.group(0)}` reaches a dunder attribute (dunders "
-                                             "reach interpreter internals)", node)
         for name, (module, line) in self.tolerated.items():
             if name in used_names:
                 rule = _MODULE_RULES[module]
@@ -911,9 +907,31 @@ class _Analyzer:
                 seen_rules.add((finding.rule, finding.evidence))
                 self.violations.append(self.native_violation(finding))
 
+    def check_format_template(self, node: ast.Call) -> None:
+        """str.format / format_map resolve a field's attribute steps as getattr does ('{0.__class__}'.format(x)):
+        a template that folds to a constant is held to the attribute rules. One built at run time is let through:
+        it can only render reprs, and the process holds no reference output to read."""
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
+            template = node.args[0] if self.qual(func.value) == "str" and node.args else func.value
+        else:
+            return
+        try:
+            text = self.fold(template)
+        except _NotFoldable:
+            return
+        if not isinstance(text, str):
+            return
+        for field in _FORMAT_FIELD.findall(text):
+            for attr in _FORMAT_ATTR.findall(field):
+                if attr not in _ALLOWED_DUNDER_ATTRS:
+                    self.add("dynamic_code", f"format field `{{{field}}}` reaches `{attr}` (dunder attributes reach "
+                                             "interpreter internals)", node)
+
     def check_call(self, node: ast.Call) -> None:
         func = node.func
         q = self.qual(func)
+        self.check_format_template(node)
         if q in LOAD_INLINE_APIS or (isinstance(func, ast.Name) and func.id == "load_inline") or (
                 isinstance(func, ast.Attribute) and func.attr == "load_inline"):
             self.check_load_inline(node)
