@@ -99,8 +99,6 @@ def verify(job: VerifyJob) -> VerifyReport:
     try:
         if job.batch < 1 or job.seq_len < 1:
             raise ValueError(f"batch={job.batch} and seq_len={job.seq_len} must be positive")
-        if job.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype={job.compute_dtype!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
         _it, ckpt = resolve_checkpoint(job.ckpt_dir, job.iteration)
         meta = read_meta(ckpt)
         if not meta.get("hf_config"):

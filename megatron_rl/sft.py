@@ -224,11 +224,12 @@ class SFTWorker(TrainWorker):
             return None
 
         def build(d: str) -> None:
+            bridge = get_bridge(self.actor.hf_config)
+            state = LazyHFState(self.model_dir)   # the starting model's checkpoint
             writer = ShardedSafetensorsWriter(d)
             # A_log/dt_bias back in the dtype the starting model stored them in, as `mcore-to-hf` writes them
-            writer.add_all(follow_source_dtypes(stream, fp32_source_dtypes(self.model_dir), self.actor.cfg.torch_dtype))
-            bridge = get_bridge(self.actor.hf_config)
-            state = LazyHFState(self.model_dir)   # tensors the model does not hold (a vision tower), as they were
+            writer.add_all(follow_source_dtypes(stream, fp32_source_dtypes(bridge, state), self.actor.cfg.torch_dtype))
+            # tensors the model does not hold (a vision tower), as they were
             writer.add_all((n, state.read(n)) for n in bridge.passthrough_hf_names(list(state.keys())))
             writer.close()
             write_hf_config(d, self.actor.hf_config.to_dict(), self.actor.cfg.torch_dtype,

@@ -999,7 +999,6 @@ class _DeviceStage:
         import torch
 
         from . import inputs
-        from .inputs import make_inputs
         if self.cfg.precision != "float32":
             self.details["precision_probe"] = {"skipped": f"precision {self.cfg.precision}"}
             return None
@@ -1010,7 +1009,7 @@ class _DeviceStage:
                 self.details["precision_probe"] = {"skipped": f"needs about {need} bytes of host memory, "
                                                               f"{free} available"}
                 return None
-        args = make_inputs(self.module, seed, self.device, self.cfg.precision)
+        args = inputs.make_inputs(self.module, seed, self.device, self.cfg.precision)
         rounded = [a.to(torch.float16).to(a.dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
                    else a for a in args]
         if all(a is b for a, b in zip(args, rounded)):

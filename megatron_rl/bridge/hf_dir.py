@@ -116,13 +116,12 @@ def save_passthrough(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> l
 FP32_SOURCE_DTYPES_FILE = "fp32_source_dtypes.json"
 
 
-def fp32_source_dtypes(hf_dir: str | os.PathLike) -> dict[str, str]:
-    """The dtype `hf_dir` stores each tensor in that the model keeps in fp32 (GDN's ``A_log``), by HF name.
+def fp32_source_dtypes(bridge, state: LazyHFState) -> dict[str, str]:
+    """The dtype the checkpoint `state` stores each tensor in that `bridge`'s model keeps in fp32 (GDN's
+    ``A_log``), by HF name.
 
     Why: the actor holds them in fp32 whatever the params dtype, and an export cannot tell a release that
     stored them in fp32 (kept as such) from one that stored them in bf16 like everything else."""
-    bridge = get_bridge(load_hf_config(hf_dir))
-    state = LazyHFState(hf_dir)
     return {n: str(state.dtype(n)).removeprefix("torch.") for u in bridge.export_units() if bridge.keeps_fp32(u)
             for n in u.hf_names if n in state}
 
@@ -139,7 +138,7 @@ def follow_source_dtypes(stream, source_dtypes: dict[str, str], out_dtype: torch
 def save_fp32_source_dtypes(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict[str, str]:
     """Record `fp32_source_dtypes` of `hf_dir` in ``dst_dir/FP32_SOURCE_DTYPES_FILE`` (no file when there are
     none), so a checkpoint's later export can follow them; returns the map."""
-    dtypes = fp32_source_dtypes(hf_dir)
+    dtypes = fp32_source_dtypes(get_bridge(load_hf_config(hf_dir)), LazyHFState(hf_dir))
     if dtypes:
         dst = Path(dst_dir)
         dst.mkdir(parents=True, exist_ok=True)

@@ -595,7 +595,7 @@ class SlotDecoder:
 
     def info(self) -> dict:
         return {"slots": self.slots, "max_len": self.max_len, "cache_gb": round(self.stats.cache_bytes / 1e9, 3),
-                "cuda_graphs": self.cuda_graphs, "compiled": self._model_call is not _call_model,
+                "cuda_graphs": self.cuda_graphs, "compiled": self.compile_decode,
                 "decode_attention": "flash varlen" if self.flash else f"sdpa + mask ({self.flash_reason})",
                 "graphs_captured": self.stats.graphs_captured,
                 "graph_capture_s": round(self.stats.graph_capture_s, 2), "graph_failures": self.stats.graph_failures,
