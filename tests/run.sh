@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 source launch/_env.sh
 ensure_venv
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# one verifier build cache for both tiers (tests/conftest.py::verifier_cache_root): content-addressed, so a
+# kernel compiled by a unit test is not compiled again by an integration test; removed when the run ends
+if [ -z "${MRL_TEST_VERIFIER_CACHE:-}" ]; then
+  MRL_TEST_VERIFIER_CACHE="$(mktemp -d "${TMPDIR:-/tmp}/mrl-test-verifier-cache.XXXXXX")"
+  trap 'rm -rf "$MRL_TEST_VERIFIER_CACHE"' EXIT
+fi
+export MRL_TEST_VERIFIER_CACHE
 tiers=(unit integration)
 case "${1:-}" in
   unit|integration) tiers=("$1"); shift ;;
