@@ -265,9 +265,24 @@ def _tasks_by_stem(profile: str) -> dict[str, Any]:
     return {os.path.splitext(os.path.basename(t.path))[0]: apply_size_profile(t, profile) for t in tasks}
 
 
+def verdict_record(index: int, cand: Candidate, result: Any, elapsed_s: float) -> dict[str, Any]:
+    """One verdict as it arrives: what it was, when, and where its device stage went (kept even if the run is cut)."""
+    det = result.details or {}
+    timing = det.get("timing") or {}
+    return {"i": index, "task": cand.task_stem, "kind": cand.kind, "got": result.category.value,
+            "at_s": round(elapsed_s, 1), "phase_seconds": det.get("phase_seconds"),
+            "timed_trials": timing.get("trials"), "timing_repeated": "timing_repeated" in det,
+            "device_exclusive_s": det.get("device_exclusive_s"), "seconds": det.get("seconds"),
+            # the parent's and the child's own seconds by kind of work (audits, hidden trials, handovers, ...)
+            "costs": det.get("costs"), "child_seconds": det.get("child_seconds"),
+            "calls_per_trial": timing.get("calls_per_trial"), "audits": len(det.get("audits") or [])}
+
+
 def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_workers: int,
-             progress: Any = None, every_s: float = 20.0, workers_per_device: int = 3) -> dict[str, Any]:
-    """All candidates through one farm; ``progress(done, total, stats, elapsed_s)`` every ``every_s``."""
+             progress: Any = None, every_s: float = 20.0, workers_per_device: int = 3,
+             verdicts: list | None = None) -> dict[str, Any]:
+    """All candidates through one farm; ``progress(done, total, stats, elapsed_s)`` every ``every_s``;
+    ``verdicts`` (a list) gets each verdict's `verdict_record` as it arrives."""
     import concurrent.futures as cf
 
     from verifier.farm import FarmConfig, VerifierFarm
@@ -276,6 +291,11 @@ def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_wo
     try:
         t0 = time.perf_counter()
         futures = farm.submit_batch([(tasks[c.task_stem], c.response) for c in cands])
+        if verdicts is not None:
+            for i, (c, fut) in enumerate(zip(cands, futures)):
+                # list.append is atomic: the farm's threads run these callbacks
+                fut.add_done_callback(lambda f, i=i, c=c: f.exception() is None and verdicts.append(
+                    verdict_record(i, c, f.result(), time.perf_counter() - t0)))
         while True:
             done, pending = cf.wait(futures, timeout=every_s)
             if progress is not None:
@@ -331,12 +351,18 @@ def _verdicts(cands: list[Candidate], results: list[Any]) -> dict[str, Any]:
                                "feedback": r.feedback[:400],
                                "why": str(det.get("infra_reason") or det.get("traceback") or "")[-1500:],
                                "infra_history": [h[-600:] for h in det.get("infra_history", [])][:2]})
-    phases: dict[str, list[float]] = {}
-    for r in results:
-        for k, v in ((r.details or {}).get("phase_seconds") or {}).items():
-            phases.setdefault(k, []).append(v)
     return {"expected_verdicts": agree, "total": len(cands), "by_kind": by_kind, "unexpected": unexpected,
-            "device_stage_seconds_median": {k: round(statistics.median(v), 3) for k, v in phases.items()}}
+            "device_stage_seconds_median": _phase_medians([{"phase_seconds": (r.details or {}).get("phase_seconds")}
+                                                           for r in results])}
+
+
+def _phase_medians(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per device-stage phase over the verdicts that have one (compile errors have none)."""
+    phases: dict[str, list[float]] = {}
+    for rec in records:
+        for k, v in (rec.get("phase_seconds") or {}).items():
+            phases.setdefault(k, []).append(v)
+    return {k: round(statistics.median(v), 3) for k, v in phases.items()}
 
 
 def timing_repeats(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, repeats: int) -> dict[str, Any]:
@@ -519,8 +545,12 @@ def main() -> int:
     # (a) the farm
     if "farm" not in args.skip:
         phase(f"farm: {len(farm_cands)} candidates, {args.compile_workers} compile workers")
+        arrived: list[dict[str, Any]] = []
+
         def farm_progress(done: int, total: int, stats: dict[str, Any], elapsed: float) -> None:
+            report["farm_verdicts_as_they_came"] = sorted(arrived, key=lambda v: v["at_s"])
             report["farm_progress"] = {"done": done, "total": total, "elapsed_s": round(elapsed, 1),
+                                       "device_stage_seconds_median_so_far": _phase_medians(arrived),
                                        "compile_busy_fraction": round(stats["compile"]["busy_fraction"], 3),
                                        "device_busy_fraction": round(stats["device"]["busy_fraction"], 3),
                                        "device_occupied_fraction":
@@ -535,7 +565,8 @@ def main() -> int:
                   f"{stats['device']['device_occupied_fraction_since_first_job']:.2f})")
 
         f = run_farm(farm_cands, tasks, cfg_for("farm"), args.compile_workers, progress=farm_progress,
-                     workers_per_device=args.workers_per_device)
+                     workers_per_device=args.workers_per_device, verdicts=arrived)
+        report["farm_verdicts_as_they_came"] = sorted(arrived, key=lambda v: v["at_s"])
         st = f["stats"]
         report["farm"] = {"candidates": len(farm_cands), "wall_s": f["wall_s"],
                           "throughput_cand_per_s": len(farm_cands) / f["wall_s"],

@@ -408,8 +408,10 @@ class _DeviceStage:
         if cfg.backend != "cuda" or cfg.device_handover_above_bytes is None or self._device_off \
                 or nbytes <= cfg.device_handover_above_bytes:
             return None
-        if not self.alone and 2 * nbytes > DEVICE_HANDOVER_SHARED_MAX_BYTES:
-            return None   # memory the footprint estimate did not count, while other stages share the device
+        if not (self.alone or self._held_since is not None) and 2 * nbytes > DEVICE_HANDOVER_SHARED_MAX_BYTES:
+            # memory the footprint estimate did not count, while other stages share the device (a stage holding it
+            # alone, as while timing, may: its buffers are freed before it gives the device back)
+            return None
         buf = self._device_bufs.get(kind)
         if buf is None or buf.nbytes < nbytes:
             self._close_device_buffers(kind)
@@ -1153,9 +1155,14 @@ class _DeviceStage:
     def _ask_sampled(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
         """Ask for a sampled handover (``collect``, ``audit``), offering the device buffer for samples where one can
         be offered (a few tens of MB that a memfd would carry through host memory), and snapshot it on the reply."""
-        offer = self._device_offer("sample", self._ref_sample_bytes)
+        return self._ask_handover("sample", self._ref_sample_bytes, msg, expect)
+
+    def _ask_handover(self, kind: str, nbytes: int, msg: dict[str, Any], expect: str) -> dict[str, Any]:
+        """Ask for outputs, offering the device buffer of ``kind`` for them where one can be offered, and snapshot
+        it on the reply (the snapshot of an earlier request never stands in for this one's)."""
+        offer = self._device_offer(kind, nbytes)
         report = _checked(self._ask({**msg, **({"device_out": offer} if offer else {})}, expect), _TRIAL_FIELDS)
-        self._device_snapshot = self._snapshot("sample", report, "device_layout") if offer else None
+        self._device_snapshot = self._snapshot(kind, report, "device_layout") if offer else None
         return report
 
     def _trial(self, ref_model, seed: int, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1408,7 +1415,10 @@ class _DeviceStage:
     def _audit(self, ref_model, seed: int, rep: int = 0, trial: int | None = None) -> None:
         sample = self._sample_seed()   # drawn after the audited batch ran
         msg = {"op": "audit", "rep": rep, **({"sample_seed": sample[0], "sample_k": sample[1]} if sample else {})}
-        report = self._ask_sampled(msg, "audited") if sample else _checked(self._ask(msg, "audited"), _TRIAL_FIELDS)
+        # a full audit goes through the device buffer too: an audit hands over a timed call's whole output while the
+        # device is held alone (through a memfd, 256 MB cost the child ~0.23 s each, a dozen times per check)
+        report = self._ask_sampled(msg, "audited") if sample else \
+            self._ask_handover("out", self._ref_buffer_bytes, msg, "audited")
         self._raise_runtime_violations(report, q=1.0)
         ref_leaves, ref_spec, _, _ = self._reference(ref_model, seed)
         commitment = None

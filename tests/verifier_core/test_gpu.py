@@ -86,11 +86,29 @@ def test_full_handovers_go_through_a_device_buffer(cfg):
     task = load_task(task_path("elementwise_add"))
     r = verify(task, HEADER.replace("{expr}", "ext.add(a, b)"), dev_cfg)
     assert r.category == Category.PASS, (r.feedback, r.details.get("handover"), r.details.get("traceback"))
-    info = r.details["handover"]   # the correctness trials and the ablation trial (audits use the memfd)
-    assert info["device"] >= 6 and not {"device_off", "device_error"} & set(info), info
+    info = r.details["handover"]   # the correctness trials, the ablation trial, the hidden trials and the audits
+    assert info["device"] == info["full"] >= 6 + len(r.details["audits"]), info
+    assert not {"device_off", "device_error"} & set(info), info
     r = verify(task, HEADER.replace("{expr}", "ext.add(a, a)"), dev_cfg)
     assert r.category == Category.CORRECTNESS_ERROR, (r.feedback, r.details.get("handover"))
     assert r.details["handover"]["device"] >= 1
+
+
+def test_outputs_too_large_to_share_the_device_go_through_its_buffer_once_it_is_held_alone(cfg, monkeypatch):
+    """A stage sharing the device hands large outputs over through a memfd (a buffer would take memory the other
+    stages were not told about); once it holds the device alone, for timing, its audits and hidden trials use the
+    device buffer (through a memfd, a 256 MB output cost the child ~0.23 s a handover, a dozen per check)."""
+    from verifier import evaluate
+    monkeypatch.setattr(evaluate, "DEVICE_HANDOVER_SHARED_MAX_BYTES", 0)   # every output counts as large
+    dev_cfg = dataclasses.replace(cfg, device_handover_above_bytes=0)
+    task = load_task(task_path("elementwise_add"))
+    r = verify(task, HEADER.replace("{expr}", "ext.add(a, b)"), dev_cfg)
+    assert r.category == Category.PASS, (r.feedback, r.details.get("handover"), r.details.get("traceback"))
+    info = r.details["handover"]
+    assert r.details["device_use"] == "shared, exclusive while timing"
+    # the timing's audits (and its hidden trials) through the device; the shared correctness trials not
+    assert len(r.details["audits"]) <= info.get("device", 0) < info["full"], info
+    assert not {"device_off", "device_error"} & set(info), info
 
 
 def test_sampled_handovers_and_commitments_go_through_device_buffers(cfg):
