@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 source launch/_env.sh
 ensure_venv
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# one verifier build cache for both tiers (tests/conftest.py::verifier_cache_root): content-addressed, so a
-# kernel compiled by a unit test is not compiled again by an integration test; removed when the run ends
-if [ -z "${MRL_TEST_VERIFIER_CACHE:-}" ]; then
-  MRL_TEST_VERIFIER_CACHE="$(mktemp -d "${TMPDIR:-/tmp}/mrl-test-verifier-cache.XXXXXX")"
-  trap 'rm -rf "$MRL_TEST_VERIFIER_CACHE"' EXIT
-fi
-export MRL_TEST_VERIFIER_CACHE
+# The unit tier runs in parallel (pytest-xdist, one test file per worker at a time, TEST_WORKERS of them: default
+# the cores, at most 4); its tests are in-process and mostly single-threaded. The integration tier runs its tests
+# one at a time: they start several processes each. Each tier's workers share one verifier cache
+# (tests/conftest.py::verifier_cache_root: kernel builds are content-addressed), removed when the run ends.
+workers="${TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+[ "$workers" -gt 4 ] && [ -z "${TEST_WORKERS:-}" ] && workers=4
+caches="$(mktemp -d "${TMPDIR:-/tmp}/mrl-test-verifier-cache.XXXXXX")"
+trap 'rm -rf "$caches"' EXIT
 tiers=(unit integration)
 case "${1:-}" in
   unit|integration) tiers=("$1"); shift ;;
@@ -25,8 +26,11 @@ empty=0
 for tier in "${tiers[@]}"; do
   select="$tier and not gpu"
   echo "=== $tier tier: -m '$select' ==="
+  parallel=()
+  if [ "$tier" = unit ] && [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
   rc=0
-  .venv/bin/python -m pytest tests -m "$select" --durations=25 "$@" || rc=$?
+  MRL_TEST_VERIFIER_CACHE="$caches/$tier" .venv/bin/python -m pytest tests -m "$select" --durations=25 \
+    ${parallel[@]+"${parallel[@]}"} "$@" || rc=$?
   if [ "$rc" -eq 5 ]; then empty=$((empty + 1)); elif [ "$rc" -ne 0 ]; then status=$rc; fi
 done
 # pytest's 5 means "no test selected": an error only when no tier selected any test

@@ -15,14 +15,12 @@ from megatron_rl.config import REPO_ROOT
 
 
 @pytest.mark.slow
-def test_reduced_recipe_orders_the_stages(tmp_path, verifier_cache_root):
+def test_reduced_recipe_orders_the_stages(tmp_path):
     work = tmp_path / "recipe"
     # the stages run one after another, so each may use every core (tests/run.sh sets OMP_NUM_THREADS=1)
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1))
-    # the run's verifier caches (tests/conftest.py): kernels and the precompiled header other tests built are reused
     r = subprocess.run([sys.executable, "-m", "megatron_rl.recipe", "--config", "configs/recipe_cpu_ci.yaml",
-                        f"workdir={work}", f"cache_dir={verifier_cache_root}"], cwd=REPO_ROOT, capture_output=True,
-                       text=True, timeout=1800, env=env)
+                        f"workdir={work}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     st = result["stages"]
