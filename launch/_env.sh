@@ -34,9 +34,9 @@ ensure_venv() {
   # --no-cache-dir: pip's wheel cache would hold a second copy of torch and its CUDA libraries
   # (several GB) next to the venv; a CI disk once ran out of space on exactly that.
   "$root/.venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip || return 1
-  # --no-compile: no byte-compiling of every installed module (torch alone has thousands; a minute on two cores):
-  # Python writes the .pyc of what is imported, when it is first imported
-  "$root/.venv/bin/python" -m pip install -q --no-cache-dir --no-compile -r "$root/requirements-dev.lock" || {
+  # (byte-compiled at install, as pip does by default: the verifier's sandboxed children cannot write .pyc files
+  # into the venv, so without them every child start would compile torch's modules again)
+  "$root/.venv/bin/python" -m pip install -q --no-cache-dir -r "$root/requirements-dev.lock" || {
     echo "error: pip install -r requirements-dev.lock failed (free disk where the venv lives: $(df -h "$root" | awk 'NR==2{print $4}'))" >&2
     return 1; }
   echo "$want" > "$stamp.tmp" && mv "$stamp.tmp" "$stamp"
