@@ -5,7 +5,13 @@
 ``MODEL`` is an HF model dir, or any checkpoint this project writes, converted on the fly (``ckpt_tools
 mcore-to-hf`` into ``OUT/model_hf``): an SFT/RFT/RL run dir (its ``hf/`` export if there is one, else its
 ``ckpt/``), a checkpoint root (``latest_checkpointed_iteration.txt``) or one ``iter_*`` dir. The tokenizer and chat
-template come from the model dir (``--tokenizer`` overrides; qwen3-offline when it has none).
+template come from the model dir (``--tokenizer`` overrides; qwen3-offline when it has none). A conversion already in
+``OUT`` is reused only when it was made from the same checkpoint (``model_hf_iter*.source.json``).
+
+``--tasks`` takes KernelBench's own layouts unchanged: the folder holding ``level1`` .. ``level4`` (the level of a task
+is its ``levelN`` folder), one level folder, one task file, a manifest or a list file. Every input is checked before
+the model is loaded or ``OUT`` is written: a bad flag, a missing or malformed task set, a ``--backend`` whose device
+this host lacks, a ``--model`` that is no model end the run with one ``error:`` line and exit status 2.
 
 The embedded engine serves the model; each task gets ``--samples`` trajectories of at most ``--turns`` responses,
 with the verifier's feedback as the next user turn after a failure, exactly as the RL agent runs them
@@ -121,38 +127,71 @@ def _is_hf_dir(p: Path) -> bool:
     return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
-def resolve_model(spec: str, out_dir: Path, progress: bool = True) -> str:
-    """An HF model dir for ``spec``: itself, a run's export, or a converted mcore checkpoint."""
-    from megatron_rl.checkpoint import DIST_CKPT_MARKER, LATEST_FILE, META_FILE
+def _locate_model(spec: str) -> tuple[Path | None, Path | None, int | None]:
+    """What ``spec`` is, read without loading or converting anything: ``(hf_dir, None, None)`` for an HF model dir
+    (itself or a run's ``hf/`` export), ``(None, checkpoint_root, iteration)`` for a checkpoint (iteration None: the
+    latest). Raises ModelError naming what it found."""
+    from megatron_rl.checkpoint import DIST_CKPT_MARKER, LATEST_FILE, META_FILE, CheckpointError, resolve_checkpoint
 
     p = Path(spec).expanduser().resolve()
     if not p.exists():
         raise ModelError(f"--model {spec}: not found")
     if _is_hf_dir(p):
-        return str(p)
+        return p, None, None
     if (p / "hf").is_dir() and _is_hf_dir(p / "hf"):           # an SFT / RFT run dir
-        return str(p / "hf")
-    root, iteration = None, None
+        return p / "hf", None, None
     if (p / LATEST_FILE).is_file():
-        root = p
-    elif (p / "ckpt" / LATEST_FILE).is_file():               # an RL / SFT run dir
-        root = p / "ckpt"
+        root, iteration = p, None
+    elif (p / "ckpt" / LATEST_FILE).is_file():                # an RL / SFT run dir
+        root, iteration = p / "ckpt", None
     elif (p / META_FILE).is_file() and (p / DIST_CKPT_MARKER).is_file():   # one iter_* dir
-        root = p.parent
-        iteration = 0 if p.name == "release" else int(p.name.removeprefix("iter_"))
-    if root is None:
+        number = p.name.removeprefix("iter_")
+        if p.name != "release" and not number.isdigit():
+            raise ModelError(f"--model {spec}: a checkpoint dir, but its name is not iter_NNNNNNN or release")
+        root, iteration = p.parent, 0 if p.name == "release" else int(number)
+    else:
         raise ModelError(f"--model {spec}: neither an HF model dir (config.json + *.safetensors) nor a checkpoint "
                          f"({LATEST_FILE} or an iter_* dir with {META_FILE})")
-    from megatron_rl.checkpoint import latest_iteration
+    try:
+        resolve_checkpoint(root, iteration)
+    except CheckpointError as e:
+        raise ModelError(f"--model {spec}: {e}") from None
+    return None, root, iteration
 
-    it = iteration if iteration is not None else latest_iteration(root)
+
+def resolve_model(spec: str, out_dir: Path, progress: bool = True) -> str:
+    """An HF model dir for ``spec``: itself, a run's export, or a converted mcore checkpoint."""
+    import shutil
+
+    from megatron_rl.checkpoint import META_FILE, CheckpointError, resolve_checkpoint
+    from megatron_rl.fsutil import write_text_atomic
+
+    hf_dir, root, iteration = _locate_model(spec)
+    if hf_dir is not None:
+        return str(hf_dir)
+    try:
+        it, ckpt = resolve_checkpoint(root, iteration)
+        # which checkpoint a conversion in --out came from: an --out that held another run's evaluation may hold a
+        # model_hf_iter* of the same iteration number converted from another checkpoint
+        source = json.dumps({"checkpoint": str(ckpt.resolve()), "meta_mtime_ns": (ckpt / META_FILE).stat().st_mtime_ns})
+    except (CheckpointError, OSError) as e:
+        raise ModelError(f"--model {spec}: {e}") from None
     dest = out_dir / f"model_hf_iter{it:07d}"
-    if _is_hf_dir(dest):
+    marker = out_dir / f"{dest.name}.source.json"
+    if _is_hf_dir(dest) and marker.is_file() and marker.read_text() == source:
         return str(dest)
+    if dest.exists():                      # another checkpoint's conversion, or an interrupted one
+        shutil.rmtree(dest)
+    marker.unlink(missing_ok=True)
     from ckpt_tools.convert import McoreToHF, mcore_to_hf
+    from ckpt_tools.ranks import ToolError
 
     print(f"[evaluate] converting checkpoint {root} (iteration {it}) to HF: {dest}", file=sys.stderr, flush=True)
-    mcore_to_hf(McoreToHF(str(root), str(dest), iteration=iteration, progress=progress))
+    try:
+        mcore_to_hf(McoreToHF(str(root), str(dest), iteration=it, progress=progress))
+    except (ToolError, CheckpointError) as e:
+        raise ModelError(f"--model {spec}: cannot convert the checkpoint to HF: {str(e).splitlines()[0]}") from None
+    write_text_atomic(marker, source)
     return str(dest)
 
 
@@ -191,6 +230,9 @@ class EvalConfig:
     progress: bool = True
 
     def validate(self) -> None:
+        """Every flag's range, before anything is loaded; a bad value raises ValueError naming the flag."""
+        from verifier.config import PRECISIONS
+
         if self.samples < 1 or self.turns < 1:
             raise ValueError(f"--samples and --turns must be >= 1, got {self.samples} and {self.turns}")
         if self.backend not in ("cpu", "cuda", "musa"):
@@ -198,15 +240,50 @@ class EvalConfig:
         bad = [k for k in self.pass_k if not 1 <= k <= self.samples]
         if bad:
             raise ValueError(f"--pass-k {bad}: each k must be in 1..--samples ({self.samples})")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"--temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        # a flag at 0 would not fail: every prompt would be "unscored", or a task dropped without a word
+        for flag, v in (("--max-new-tokens", self.max_new_tokens), ("--max-context-tokens", self.max_context_tokens),
+                        ("--limit", self.limit), ("--concurrency", self.concurrency), ("--trials", self.trials),
+                        ("--timing-trials", self.timing_trials), ("--compile-workers", self.compile_workers),
+                        ("--engine-threads", self.engine_threads)):
+            if v is not None and v < 1:
+                raise ValueError(f"{flag} must be >= 1, got {v}")
+        if self.precision != "auto" and self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be auto or one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {dev!r}")
 
 
 def _tasks(cfg: EvalConfig) -> list:
     from verifier.size_profiles import apply_size_profile
-    from verifier.tasks import load_task_set
+    from verifier.tasks import TaskError, load_task_set
 
-    tasks = load_task_set(cfg.tasks)
+    try:
+        loaded = load_task_set(cfg.tasks)
+    except TaskError as e:
+        root = Path(cfg.tasks).expanduser()
+        hint = ""
+        if root.is_dir() and any((root / "KernelBench").glob("level*")):   # KernelBench's repository root
+            hint = f" (KernelBench's tasks are in {root / 'KernelBench'}: pass that folder or one of its levels)"
+        raise ValueError(f"--tasks: {e}{hint}") from None
+    tasks, seen = [], set()
+    for t in loaded:                       # a list file may name one task twice: it is evaluated once
+        if t.task_id in seen:
+            log.warning("task %s (%s) is listed more than once: evaluated once", t.task_id, t.path)
+            continue
+        seen.add(t.task_id)
+        tasks.append(t)
     if cfg.levels:
+        have = sorted({t.level for t in tasks if t.level is not None})
         tasks = [t for t in tasks if t.level in set(cfg.levels)]
+        if not tasks:
+            raise ValueError(f"--tasks {cfg.tasks}: no task of --levels {','.join(map(str, cfg.levels))} (its tasks "
+                             f"have levels {have}" + ("" if have else ": a task's level comes from a levelN folder "
+                                                      "or its manifest entry") + ")")
     if cfg.limit is not None:
         tasks = tasks[:cfg.limit]
     if cfg.size_profile:
@@ -214,6 +291,49 @@ def _tasks(cfg: EvalConfig) -> list:
     if not tasks:
         raise ValueError(f"--tasks {cfg.tasks}: no task left (levels {list(cfg.levels) or 'all'})")
     return tasks
+
+
+def _preflight(cfg: EvalConfig) -> tuple[list, dict]:
+    """Everything that can be checked before the model is loaded (or converted) and ``--out`` is written: the
+    flags, ``--out``, the task set, the verifier's settings per precision and the backend's device. Returns the
+    tasks grouped by the precision the verifier checks them at, and each group's VerifierConfig."""
+    from verifier.config import VerifierConfig
+    from verifier.devices import DeviceUnavailable, get_backend
+
+    cfg.validate()
+    _locate_model(cfg.model)
+    out = Path(cfg.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {cfg.out}: exists and is not a folder")
+    if cfg.result_cache and Path(cfg.result_cache).expanduser().is_dir():
+        raise ValueError(f"--result-cache {cfg.result_cache}: is a folder (it names an SQLite file)")
+    if cfg.cache and Path(cfg.cache).expanduser().exists() and not Path(cfg.cache).expanduser().is_dir():
+        raise ValueError(f"--cache {cfg.cache}: exists and is not a folder")
+    tasks = _tasks(cfg)
+    groups: dict[str, list] = {}
+    for t in tasks:
+        groups.setdefault(_precision(t, cfg.precision), []).append(t)
+    vcfgs = {}
+    for precision in groups:
+        vkw: dict[str, Any] = {"backend": cfg.backend, "precision": precision,
+                               "compare_torch_compile": cfg.compare_compile}
+        if cfg.trials is not None:
+            vkw["num_correct_trials"] = cfg.trials
+        if cfg.timing_trials is not None:
+            vkw["num_timing_trials"] = cfg.timing_trials
+        if cfg.cache:
+            vkw["build_cache_dir"] = cfg.cache
+        vcfgs[precision] = VerifierConfig(**vkw)
+    try:
+        get_backend(cfg.backend).ensure_available(0)
+    except DeviceUnavailable as e:
+        raise ValueError(f"--backend {cfg.backend}: {e}") from None
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
+    return groups, vcfgs
 
 
 def _precision(task, mode: str) -> str:
@@ -244,53 +364,50 @@ async def _run_groups(agent, tasks, groups_in_flight: int, bar) -> list:
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    import contextlib
+
     import torch
     from tqdm import tqdm
 
     from megatron_rl.rollout.agent import AgentConfig, AgentLoop
+    from megatron_rl.rollout.client import EngineError
     from megatron_rl.rollout.engine import EngineManager, HttpEngine
     from megatron_rl.rollout.environment import KernelEnvironment, farm_verify_fn
     from megatron_rl.rollout.local_engine import serve_embedded
     from megatron_rl.rollout.protocol import SamplingParams
+    from megatron_rl.rollout.sglang_engine import ServerLaunchError
     from megatron_rl.tokenizer import load_tokenizer
-    from verifier.config import VerifierConfig
     from verifier.farm import FarmConfig, VerifierFarm
 
-    cfg.validate()
     t0 = time.perf_counter()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    groups_by_precision, vcfgs = _preflight(cfg)     # nothing is loaded or written before the inputs are checked
+    tasks = [t for group in groups_by_precision.values() for t in group]
+    out = Path(cfg.out).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {cfg.out}: cannot create the folder: {e.strerror or e}") from None
     model_dir = resolve_model(cfg.model, out, cfg.progress)
+    hf_cfg = _model_config(model_dir)
     tok_path = cfg.tokenizer or (model_dir if (Path(model_dir) / "tokenizer.json").is_file() else "qwen3-offline")
     if tok_path == "qwen3-offline" and cfg.tokenizer is None:
         log.warning("%s has no tokenizer: using qwen3-offline and its chat template", model_dir)
     tokenizer = load_tokenizer(tok_path)
-    tasks = _tasks(cfg)
+    vocab = hf_cfg.get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ModelError(f"--model {model_dir}: vocab_size {vocab} is smaller than the {len(tokenizer)} tokens of "
+                         f"the tokenizer {tok_path} (pass the model's own with --tokenizer)")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    hf_cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    ctx = int((hf_cfg.get("text_config") or hf_cfg).get("max_position_embeddings") or 32768)
+    ctx = int(hf_cfg.get("max_position_embeddings") or 32768)
     max_ctx = min(cfg.max_context_tokens or ctx - 1, ctx - 1)
-    groups_by_precision: dict[str, list] = {}
-    for t in tasks:
-        groups_by_precision.setdefault(_precision(t, cfg.precision), []).append(t)
-    bar = tqdm(total=len(tasks), desc="evaluate", unit="task", file=sys.stderr, disable=not cfg.progress,
-               dynamic_ncols=True)
     max_batch = max(8, min(cfg.samples * len(tasks), 128))
 
-    async def run_all(url: str) -> list:
+    async def run_all(url: str, bar) -> list:
         engines = EngineManager([HttpEngine(url, name="engine-0")])
         results: list = []
         try:
             for precision, group in groups_by_precision.items():   # the farm verifies at one precision
-                vkw: dict[str, Any] = {"backend": cfg.backend, "precision": precision,
-                                       "compare_torch_compile": cfg.compare_compile}
-                if cfg.trials is not None:
-                    vkw["num_correct_trials"] = cfg.trials
-                if cfg.timing_trials is not None:
-                    vkw["num_timing_trials"] = cfg.timing_trials
-                if cfg.cache:
-                    vkw["build_cache_dir"] = cfg.cache
-                vcfg = VerifierConfig(**vkw)
+                vcfg = vcfgs[precision]
                 farm = VerifierFarm(vcfg, FarmConfig(compile_workers=cfg.compile_workers,
                                                      result_cache_path=cfg.result_cache))
                 done = False
@@ -309,11 +426,48 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             await engines.close()
         return results
 
-    with serve_embedded(model_dir, device=device, seed=cfg.seed, max_batch_size=max_batch,
-                        threads=cfg.engine_threads, log_dir=str(out / "engine_logs")) as url:
-        results = asyncio.run(run_all(url))
+    log_dir = out / "engine_logs"
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(serve_embedded(model_dir, device=device, seed=cfg.seed, max_batch_size=max_batch,
+                                                     threads=cfg.engine_threads, log_dir=str(log_dir)))
+        except ServerLaunchError as e:
+            raise EvalError(f"--model {model_dir}: the inference engine did not start: {_launch_problem(e)} "
+                            f"(log: {log_dir})") from None
+        bar = tqdm(total=len(tasks), desc="evaluate", unit="task", file=sys.stderr, disable=not cfg.progress,
+                   dynamic_ncols=True)
+        try:
+            results = asyncio.run(run_all(url, bar))
+        except EngineError as e:
+            raise EvalError(f"the inference engine failed: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                            f"(log: {log_dir})") from None
     bar.close()
     return _write(cfg, out, tasks, results, model_dir, tok_path, time.perf_counter() - t0)
+
+
+class EvalError(RuntimeError):
+    """The run could not go on (the engine did not start or failed); the message is one line."""
+
+
+def _launch_problem(e: Exception) -> str:
+    """One line from a ServerLaunchError: what went wrong and the last line of the server's log."""
+    lines = str(e).splitlines()
+    head = lines[0].split(" (http")[0] if lines else type(e).__name__
+    last = next((ln.strip() for ln in reversed(lines[1:]) if ln.strip() and not ln.startswith("---")), "")
+    return f"{head}; {last}" if last else head
+
+
+def _model_config(model_dir: str) -> dict[str, Any]:
+    """The text model's HF config (``text_config`` of a multimodal one); ModelError when it cannot be read."""
+    path = Path(model_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"--model {model_dir}: cannot read {path.name}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"--model {model_dir}: {path.name} is not a JSON object")
+    text = raw.get("text_config")
+    return text if isinstance(text, dict) else raw
 
 
 def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: str, seconds: float) -> dict:
@@ -354,6 +508,9 @@ def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: 
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     write_text_atomic(out / "report.md", markdown_report(summary))
     plots = _plots(out, outcomes)
+    for stale in [*out.glob("speedup_level*.png"), out / "pass_rate_by_family.png"]:   # a previous run's plots
+        if stale.name not in plots:
+            stale.unlink(missing_ok=True)
     write_text_atomic(out / "report.html", html_report(summary, plots))
     return summary
 
@@ -525,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         summary = evaluate(cfg)
-    except (ModelError, ValueError, FileNotFoundError) as e:
+    except (ModelError, ValueError, FileNotFoundError, EvalError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     o = summary["overall"]
