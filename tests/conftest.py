@@ -9,24 +9,15 @@ if ROOT not in sys.path:
 
 
 @pytest.fixture(scope="session")
-def verifier_cache_root(tmp_path_factory):
-    """The verifier's caches for the whole run: `builds/` (extension builds, content-addressed, with their
-    precompiled headers) and `verdicts.sqlite`. tests/run.sh points MRL_TEST_VERIFIER_CACHE at one directory for
-    both tiers, so the integration tier reuses what the unit tier compiled; without it, one per session."""
-    root = os.environ.get("MRL_TEST_VERIFIER_CACHE")
-    if root:
-        os.makedirs(os.path.join(root, "builds"), exist_ok=True)
-        return root
-    root = str(tmp_path_factory.mktemp("verifier-cache"))
-    os.makedirs(os.path.join(root, "builds"))
-    return root
-
-
-@pytest.fixture(scope="session")
-def build_cache(verifier_cache_root):
-    """One extension build cache for the run (content-addressed): a kernel library that tests in several
-    folders use (tests/verifier_core/candidates.py) is compiled once, not once per folder."""
-    return os.path.join(verifier_cache_root, "builds")
+def build_cache(tmp_path_factory):
+    """One extension build cache for the session (content-addressed): a kernel library that tests in several
+    folders use (tests/verifier_core/candidates.py) is compiled once, not once per folder. tests/run.sh sets
+    MRL_TEST_VERIFIER_CACHE per tier, so the unit tier's parallel workers share one cache too."""
+    shared = os.environ.get("MRL_TEST_VERIFIER_CACHE")
+    if shared:
+        os.makedirs(shared, exist_ok=True)
+        return shared
+    return str(tmp_path_factory.mktemp("verifier-build-cache"))
 
 
 def pytest_configure(config):

@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # The unit tier runs in parallel (pytest-xdist, one test file per worker at a time, TEST_WORKERS of them: default
 # the cores, at most 4); its tests are in-process and mostly single-threaded. The integration tier runs its tests
 # one at a time: they start several processes each. Each tier's workers share one verifier cache
-# (tests/conftest.py::verifier_cache_root: kernel builds are content-addressed), removed when the run ends.
+# (tests/conftest.py::build_cache: kernel builds are content-addressed), removed when the run ends.
 # (nproc without OMP_NUM_THREADS, which it would report instead of the cores)
 workers="${TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)}"
 [ "$workers" -gt 4 ] && [ -z "${TEST_WORKERS:-}" ] && workers=4
