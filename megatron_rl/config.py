@@ -171,7 +171,7 @@ class DataConfig:
     environment: str = "kernel"          # kernel | toy | pkg.module:Class (see megatron_rl.rollout.environment)
     tasks: str = "verifier/tasks"        # kernel tasks: folder, manifest or list file
     levels: list[int] = dataclasses.field(default_factory=list)  # empty: all levels
-    size_profile: str | None = None      # e.g. "gpu": realistic task shapes from the manifest
+    size_profile: str | None = None      # e.g. "gpu": realistic task shapes from the manifest; fit[:MiB[:GFLOP]]
     prompts_per_step: int = 8            # groups per step (batch = prompts_per_step * agent.group_size)
     shuffle_seed: int = 0
 
@@ -437,6 +437,13 @@ def validate(cfg: RLConfig) -> None:
         cfg.farm.validate()
     except ValueError as e:
         problems += _named("farm", str(e), {f.name for f in dataclasses.fields(cfg.farm)})
+    if d.size_profile:
+        from verifier.size_profiles import parse_fit_profile
+
+        try:
+            parse_fit_profile(d.size_profile)
+        except ValueError as e:
+            problems.append(f"data.size_profile: {e}")
     env_cls = None
     try:
         from megatron_rl.rollout.environment import environment_class

@@ -11,7 +11,13 @@ template come from the model dir (``--tokenizer`` overrides; qwen3-offline when 
 ``--tasks`` takes KernelBench's own layouts unchanged: the folder holding ``level1`` .. ``level4`` (the level of a task
 is its ``levelN`` folder), one level folder, one task file, a manifest or a list file. Every input is checked before
 the model is loaded or ``OUT`` is written: a bad flag, a missing or malformed task set, a ``--backend`` whose device
-this host lacks, a ``--model`` that is no model end the run with one ``error:`` line and exit status 2.
+this host lacks, a ``--model`` that is no model end the run with one ``error:`` line and exit status 2. A run in which
+no task could be scored writes its reports and exits with status 3.
+
+``--size-profile`` picks a manifest's size profile (``gpu``: realistic shapes), or ``fit[:MiB[:GFLOP]]``, which
+shrinks any task, KernelBench's own included, until one reference call moves at most 64 MiB and does at most 2
+GFLOP (``verifier.size_profiles.fit_sizes``): KernelBench's GPU sizes do not fit a CPU. The prompt shows the
+resized source; ``summary.json`` lists each resized task's constants.
 
 The embedded engine serves the model; each task gets ``--samples`` trajectories of at most ``--turns`` responses,
 with the verifier's feedback as the next user turn after a failure, exactly as the RL agent runs them
@@ -253,13 +259,20 @@ class EvalConfig:
                 raise ValueError(f"{flag} must be >= 1, got {v}")
         if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be auto or one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.size_profile:
+            from verifier.size_profiles import parse_fit_profile
+
+            try:
+                parse_fit_profile(self.size_profile)
+            except ValueError as e:
+                raise ValueError(f"--size-profile: {e}") from None
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {dev!r}")
 
 
 def _tasks(cfg: EvalConfig) -> list:
-    from verifier.size_profiles import apply_size_profile
+    from verifier.size_profiles import apply_size_profile, find_manifest_entry, parse_fit_profile
     from verifier.tasks import TaskError, load_task_set
 
     try:
@@ -287,7 +300,18 @@ def _tasks(cfg: EvalConfig) -> list:
     if cfg.limit is not None:
         tasks = tasks[:cfg.limit]
     if cfg.size_profile:
+        if parse_fit_profile(cfg.size_profile) is None:   # a manifest profile: some task must have it
+            entries = [find_manifest_entry(t.path) for t in tasks]
+            if not any(e is not None and cfg.size_profile in e.sizes for e in entries):
+                have = sorted({p for e in entries if e is not None for p in e.sizes})
+                raise ValueError(f"--size-profile {cfg.size_profile}: no task of --tasks has this profile in a "
+                                 f"manifest (profiles there: {', '.join(have) or 'none'}); fit, fit:<MiB> or "
+                                 f"fit:<MiB>:<GFLOP> shrinks any KernelBench task to a budget")
         tasks = [apply_size_profile(t, cfg.size_profile) for t in tasks]
+        for t in tasks:
+            if t.meta.get("resized"):
+                log.info("task %s resized for --size-profile %s: %s", t.task_id, cfg.size_profile,
+                         ", ".join(f"{k} {a} -> {b}" for k, (a, b) in t.meta["resized"].items()))
     if not tasks:
         raise ValueError(f"--tasks {cfg.tasks}: no task left (levels {list(cfg.levels) or 'all'})")
     return tasks
@@ -503,6 +527,8 @@ def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: 
     summary = {"model": model_dir, "label": cfg.label, "tokenizer": tok_path, "tasks_dir": cfg.tasks,
                "backend": cfg.backend, "samples": cfg.samples, "turns": cfg.turns, "temperature": cfg.temperature,
                "pass_k": ks, "tasks": len(tasks), "scored_tasks": len(tasks) - len(unscored), "unscored": unscored,
+               "size_profile": cfg.size_profile,
+               "resized": {t.task_id: t.meta["resized"] for t in tasks if t.meta.get("resized")},
                **summarize(outcomes, ks), "wall_seconds": round(seconds, 2)}
     write_text_atomic(out / "results.jsonl", "\n".join(rows) + ("\n" if rows else ""))
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
@@ -567,6 +593,10 @@ def markdown_report(s: dict[str, Any]) -> str:
                   f"{_pct(first.get('first_turn_avg_at_n'))}. Verdicts: {first.get('categories')}.", ""]
     if s["unscored"]:
         parts += ["Not scored (left out of every figure):", ""] + [f"- {k}: {v}" for k, v in s["unscored"].items()] + [""]
+    if s.get("resized"):
+        parts += [f"Resized for size profile `{s.get('size_profile')}` (the prompts showed these sizes):", ""] + [
+            f"- {k}: " + ", ".join(f"{name} {a} -> {b}" for name, (a, b) in v.items()) for k, v in s["resized"].items()
+        ] + [""]
     return "\n".join(parts)
 
 
@@ -657,7 +687,8 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
     p.add_argument("--result-cache", default=None, metavar="FILE", help="verifier verdict cache (SQLite)")
     p.add_argument("--compile-workers", type=int, default=None)
     p.add_argument("--device", default="auto", help="engine device: auto | cpu | cuda")
-    p.add_argument("--size-profile", default=None, help="manifest size profile (e.g. gpu)")
+    p.add_argument("--size-profile", default=None,
+                   help="a manifest size profile (e.g. gpu), or fit[:MiB[:GFLOP]] to shrink any task to a budget")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=64, help="trajectories in flight")
     p.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine on a CPU")
@@ -688,10 +719,15 @@ def main(argv: list[str] | None = None) -> int:
     o = summary["overall"]
     n = summary["samples"]
     print_summary({"model": summary["model"], "tasks": summary["tasks"], "scored_tasks": summary["scored_tasks"],
-                   f"pass_at_{n}": o.get(f"pass_at_{n}"), "pass_at_1": o.get("pass_at_1"),
+                   **{f"pass_at_{k}": o.get(f"pass_at_{k}") for k in summary["pass_k"]},
                    f"avg_at_{n}": o.get("avg_at_n"), "faster_eager": o.get("faster_eager"),
                    "faster_compile": o.get("faster_compile"), "speedup_median": o.get("speedup_median"),
                    "out": cfg.out, "wall_seconds": summary["wall_seconds"]})
+    if summary["scored_tasks"] == 0:   # the reports are written (they list why), but there is no figure to use
+        first = next(iter(summary["unscored"].items()), ("", ""))
+        print(f"error: no task could be scored ({len(summary['unscored'])} unscored; {first[0]}: {first[1][:200]}); "
+              f"every reason is in {Path(cfg.out) / 'report.md'}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -33,7 +33,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="extension build cache folder, shared across runs (default: a temporary folder)")
     p.add_argument("--compare-compile", action="store_true", help="also time a torch.compile reference")
     p.add_argument("--size-profile", default=None, metavar="NAME",
-                   help="apply a manifest size profile to bundled tasks (e.g. 'gpu' for realistic shapes)")
+                   help="apply a manifest size profile to bundled tasks (e.g. 'gpu' for realistic shapes), or "
+                        "fit[:MiB[:GFLOP]] to shrink any task (KernelBench's GPU sizes on a CPU) to that budget")
     p.add_argument("--compile-timeout", type=float, default=None, metavar="S")
     p.add_argument("--run-timeout", type=float, default=None, metavar="S")
 
@@ -113,6 +114,12 @@ def _write_atomic(path: str, text: str) -> None:
 def _make_config(args: argparse.Namespace) -> Any:
     from .config import VerifierConfig
     overrides: dict[str, Any] = {"backend": args.backend}
+    if getattr(args, "size_profile", None):
+        from .size_profiles import parse_fit_profile
+        try:
+            parse_fit_profile(args.size_profile)
+        except ValueError as e:
+            raise UsageError(f"--size-profile: {e}") from None
     if args.trials is not None:
         if args.trials < 1:
             raise UsageError("--trials must be >= 1")

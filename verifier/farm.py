@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .farm_workers import ProcessSlot, SlotCrashed, SlotError, SlotWedged, ThreadSlot
 from .pch import BUILD_TIMEOUT_S
 from .result_cache import ResultCache, cache_key, config_fingerprint, sha256_text
-from .size_profiles import apply_size_profile
+from .size_profiles import apply_size_profile, parse_fit_profile
 from .types import Category, VerifyResult
 
 BuildFn = Callable[[Any, str, Any], Any]                 # (task, code, cfg) -> BuildResult
@@ -78,7 +78,7 @@ class FarmConfig:
     warm_spare: bool = True
     result_cache: bool = True                 # in-memory verdict cache + in-flight dedup
     result_cache_path: str | None = None      # also persist verdicts to this SQLite file
-    size_profile: str | None = None           # apply a manifest size profile (e.g. "gpu") to tasks
+    size_profile: str | None = None           # a manifest size profile (e.g. "gpu") or fit[:MiB[:GFLOP]] for tasks
     device_type: str | None = None            # cache-key device type; None: detected
     build_fn: BuildFn | None = None           # default verifier.build.build_candidate
     run_fn: RunFn | None = None               # default verifier.evaluate.run_candidate
@@ -96,6 +96,10 @@ class FarmConfig:
             raise ValueError(f"FarmConfig.max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.max_retries < 0:
             raise ValueError(f"FarmConfig.max_retries must be >= 0, got {self.max_retries}")
+        try:
+            parse_fit_profile(self.size_profile)
+        except ValueError as e:
+            raise ValueError(f"FarmConfig.size_profile: {e}") from None
 
 
 # ----------------------------------------------------------------------------- default stage fns

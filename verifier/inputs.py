@@ -406,8 +406,9 @@ def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, hos
     if (fp.work_bytes or 0) - o >= GiB // 20:   # named where they show at this precision
         sizes += f", the reference's intermediates {_gib(fp.work_bytes - o)}"
     parent, child = trial_bytes(fp)
-    hint = ("; verify it at smaller shapes (a size profile that rewrites its size constants) or on a GPU "
-            "backend" if not is_gpu else "; verify it at smaller shapes or on a device with more memory")
+    hint = ("; verify it at smaller shapes (size profile `fit`, or a manifest profile, rewrites its size constants) "
+            "or on a GPU backend" if not is_gpu else
+            "; verify it at smaller shapes (size profile `fit:<MiB>`) or on a device with more memory")
     if not is_gpu:
         if host_free is not None and parent + child > host_free:
             return (f"the task needs about {_gib(parent + child)} of host memory for one correctness trial "

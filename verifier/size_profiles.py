@@ -16,6 +16,13 @@ Manifest format (``manifest.json`` in a task-set folder)::
 
 ``path`` is relative to the manifest's folder; ``backend`` is cpu | cuda | musa | any. A ``.jsonl``
 manifest holds one entry per line; an entry may also be a bare path string.
+
+The profile ``fit`` (``fit:<MiB>`` or ``fit:<MiB>:<GFLOP>``; default 64 MiB, 2 GFLOP) needs no manifest: it shrinks a
+plain KernelBench task until one call of its reference moves at most that many bytes (inputs, outputs and
+parameters) and does at most that many FLOPs, so KernelBench's GPU-sized problems (a 6.4 GB ReLU input) can be
+evaluated on a CPU. It halves the task's largest integer constants one at a time (never one below
+``FIT_MIN_VALUE``: kernel sizes, strides and head counts stay), each step sized on meta tensors (nothing
+allocated) and kept only when the reference still builds and runs on the new shapes and gets cheaper.
 """
 from __future__ import annotations
 
@@ -212,9 +219,13 @@ def apply_size_profile(task: Any, profile: str | None, entry: ManifestEntry | No
     ``task`` is a ``verifier.tasks.Task`` (any dataclass with ``path`` and ``source``). Tasks with no
     manifest entry, or no sizes for ``profile``, are returned unchanged: a plain KernelBench
     problem already carries the shapes it means. ``None`` or ``"cpu"`` keeps the module constants.
+    ``fit[:MiB[:GFLOP]]`` shrinks any task to that budget (``fit_sizes``; the module docstring).
     """
     if profile in (None, "", "cpu", "default"):
         return task
+    budget = parse_fit_profile(profile)
+    if budget is not None:
+        return fit_sizes(task, *budget)[0]
     entry = entry if entry is not None else find_manifest_entry(task.path)
     if entry is None or profile not in entry.sizes:
         return task
@@ -271,3 +282,158 @@ def load_tasks(spec: str) -> list[Any]:
         return load_manifest_tasks(manifest)
     from .tasks import load_task_set
     return load_task_set(spec)
+
+
+# ------------------------------------------------------------------------------------ the ``fit`` profile
+FIT = "fit"
+FIT_DEFAULT_BYTES = 64 << 20
+FIT_DEFAULT_FLOPS = 2 * 10**9
+FIT_MIN_VALUE = 16           # a constant is halved only while it is at least this (16 -> 8 is the last step)
+_FIT_MAX_STEPS = 256
+
+
+def parse_fit_profile(profile: str | None) -> tuple[int, int] | None:
+    """``(max_bytes, max_flops)`` of a ``fit``, ``fit:<MiB>`` or ``fit:<MiB>:<GFLOP>`` profile; None for any
+    other profile name. A malformed budget raises ValueError naming the profile."""
+    if not profile or profile.split(":", 1)[0] != FIT:
+        return None
+    parts = profile.split(":")[1:]
+    if len(parts) > 2:
+        raise ValueError(f"size profile {profile!r}: expected fit, fit:<MiB> or fit:<MiB>:<GFLOP>")
+    try:
+        mib = float(parts[0]) if parts and parts[0] else FIT_DEFAULT_BYTES / (1 << 20)
+        gflop = float(parts[1]) if len(parts) > 1 and parts[1] else FIT_DEFAULT_FLOPS / 1e9
+    except ValueError:
+        raise ValueError(f"size profile {profile!r}: the budget must be numbers (fit:<MiB>:<GFLOP>)") from None
+    if not (mib > 0 and gflop > 0) or mib != mib or gflop != gflop or mib == float("inf") or gflop == float("inf"):
+        raise ValueError(f"size profile {profile!r}: the budget must be positive and finite")
+    return int(mib * (1 << 20)), int(gflop * 1e9)
+
+
+def _int_expr(node: ast.expr) -> int | None:
+    """The value of an integer literal or of integer arithmetic on literals (KernelBench writes ``N = 2048 * 2``);
+    None for anything else (bools, floats, names, calls)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _int_expr(node.operand)
+        return -v if v is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Pow)):
+        a, b = _int_expr(node.left), _int_expr(node.right)
+        if a is None or b is None or (isinstance(node.op, ast.FloorDiv) and b == 0):
+            return None
+        if isinstance(node.op, ast.Pow) and not 0 <= b <= 64:
+            return None
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        if isinstance(node.op, ast.Mult):
+            return a * b
+        return a // b if isinstance(node.op, ast.FloorDiv) else a ** b
+    return None
+
+
+def int_constants(source: str) -> dict[str, int]:
+    """Top-level names bound to one integer (a literal or literal arithmetic) by single assignments: the sizes
+    ``fit`` may shrink. A name assigned anything else anywhere at top level is left out."""
+    out: dict[str, int] = {}
+    other: set[str] = set()
+    for node in ast.parse(source).body:
+        for name, value in _assigned_names(node):
+            v = _int_expr(value)
+            if v is None:
+                other.add(name)
+            else:
+                out[name] = v
+    return {k: v for k, v in out.items() if k not in other}
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaCost:
+    """One reference call at some sizes, from shapes alone: bytes of inputs, outputs and parameters, and FLOPs."""
+
+    nbytes: int
+    flops: int
+
+    def within(self, max_bytes: int, max_flops: int) -> bool:
+        return self.nbytes <= max_bytes and self.flops <= max_flops
+
+    def cheaper_than(self, other: "MetaCost") -> bool:
+        """Smaller in one measure by at least 5 % and larger in none."""
+        return (self.nbytes <= other.nbytes and self.flops <= other.flops
+                and (self.nbytes < 0.95 * other.nbytes or self.flops < 0.95 * other.flops))
+
+
+def meta_cost(task: Any, precision: str = "float32") -> MetaCost | None:
+    """``MetaCost`` of one reference call, run on meta tensors (nothing allocated); None when the task does not
+    build or run there (data-dependent code, or sizes its layers reject)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .inputs import DeviceFactoryMode, _tensor_bytes, _to_device, precision_dtype
+    from .tasks import load_task_module
+
+    meta = torch.device("meta")
+    try:
+        module = load_task_module(task, module_name="kernel_task_sizing")
+        dtype = precision_dtype(precision)
+        with DeviceFactoryMode(meta, None):
+            args = _to_device(module.get_inputs(), meta, dtype)
+            init = module.get_init_inputs()
+        with meta, torch.no_grad():
+            model = module.Model(*init).to(dtype=dtype)
+        with DeviceFactoryMode(meta, None), torch.no_grad(), FlopCounterMode(display=False) as counter:
+            out = model(*args)
+        params = sum(_tensor_bytes(t) for t in (*model.parameters(), *model.buffers()))
+        return MetaCost(_tensor_bytes(args) + _tensor_bytes(out) + params, int(counter.get_total_flops()))
+    except Exception:   # noqa: BLE001 - any failure means "these sizes do not run": the caller tries others
+        return None
+
+
+def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FIT_DEFAULT_FLOPS,
+              precision: str = "float32") -> tuple[Any, dict[str, tuple[int, int]]]:
+    """``task`` shrunk until one reference call fits ``max_bytes`` and ``max_flops`` (``MetaCost``), and the
+    constants changed (``{name: (old, new)}``; the task's ``meta["resized"]`` holds the same).
+
+    Greedy: the largest constant of at least ``FIT_MIN_VALUE`` is halved (floor) when the reference still runs
+    on meta tensors at the new sizes and gets cheaper; a constant whose halving fails or saves nothing is not
+    tried again. Stops when the task fits or nothing is left to halve, so a task that cannot fit comes back as
+    small as this could make it (the verifier's memory check then names what is left). A task already within
+    the budget, or one that cannot be sized on meta tensors, comes back unchanged."""
+    cost = meta_cost(task, precision)
+    if cost is None or cost.within(max_bytes, max_flops):
+        return task, {}
+    try:
+        original = int_constants(task.source)
+    except SyntaxError:
+        return task, {}
+    values = dict(original)
+    tried_out: set[str] = set()
+    current = task
+    for _ in range(_FIT_MAX_STEPS):
+        if cost.within(max_bytes, max_flops):
+            break
+        candidates = sorted((n for n, v in values.items() if v >= FIT_MIN_VALUE and n not in tried_out),
+                            key=lambda n: (-values[n], n))
+        for name in candidates:
+            changed = {n: v for n, v in values.items() if v != original[n]}
+            changed[name] = values[name] // 2
+            try:
+                trial = dataclasses.replace(task, source=rewrite_constants(task.source, changed))
+            except (KeyError, ValueError):
+                tried_out.add(name)
+                continue
+            c = meta_cost(trial, precision)
+            if c is None or not c.cheaper_than(cost):
+                tried_out.add(name)
+                continue
+            values[name], cost, current = values[name] // 2, c, trial
+            break
+        else:
+            break
+    resized = {n: (original[n], v) for n, v in values.items() if v != original[n]}
+    if resized and dataclasses.is_dataclass(current) and isinstance(getattr(current, "meta", None), dict):
+        current = dataclasses.replace(current, meta={**current.meta, "resized": {n: list(p) for n, p in
+                                                                                resized.items()}})
+    return current, resized

@@ -146,6 +146,8 @@ BAD_INPUTS = {
     "model not a model": (["--model", "{tmp}/empty"], "neither an HF model dir"),
     "out is a file": (["--out", "{tmp}/afile"], "exists and is not a folder"),
     "result cache is a folder": (["--result-cache", "{tmp}/empty"], "is a folder"),
+    "size profile no task has": (["--size-profile", "gpu"], "--size-profile gpu: no task of --tasks has this profile"),
+    "size profile bad budget": (["--size-profile", "fit:lots"], "--size-profile: size profile 'fit:lots'"),
 }
 
 
@@ -214,6 +216,54 @@ def test_a_model_the_engine_cannot_load_is_named_in_one_line(tmp_path, monkeypat
     last = err.strip().splitlines()[-1]
     assert rc == 2 and last.startswith(f"error: --model {model}: the inference engine did not start: "), err
     assert "engine_logs" in last
+
+
+def test_a_run_that_scores_no_task_writes_its_reports_and_exits_3(tmp_path, monkeypatch, capsys):
+    """Every task unscored (here: persistent infra verdicts) is no result to use: exit 3, the reason on stderr, the
+    reports written; the JSON line names each --pass-k figure asked for, not a pass_at_1 nobody asked for."""
+    import types
+
+    import megatron_rl.evaluate as ev
+
+    tasks = _tasks(EvalConfig(model="m", tasks=str(_kernelbench(tmp_path / "kb", with_level4=False)), out="o"))
+
+    def unscored(cfg):
+        groups = [types.SimpleNamespace(request=types.SimpleNamespace(task=t), ok=False, status="infra",
+                                        error=f"task {t.task_id}: the task needs about 12 GiB of host memory")
+                  for t in tasks]
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        return _write(cfg, out, tasks, groups, cfg.model, "tok", 1.0)
+
+    monkeypatch.setattr(ev, "evaluate", unscored)
+    out = tmp_path / "out"
+    rc = main(["--model", "m", "--tasks", "t", "--out", str(out), "--samples", "4", "--pass-k", "2"])
+    captured = capsys.readouterr()
+    assert rc == 3
+    err = captured.err.strip().splitlines()[-1]
+    assert err.startswith("error: no task could be scored (4 unscored; level1/1_Square_matrix_multiplication_: infra")
+    last = json.loads(captured.out.strip().splitlines()[-1])
+    assert last["scored_tasks"] == 0 and "pass_at_1" not in last and {"pass_at_2", "pass_at_4"} <= set(last)
+    assert "12 GiB of host memory" in (out / "report.md").read_text()
+
+
+def test_size_profile_fit_resizes_full_size_kernelbench_tasks_and_says_so(tmp_path):
+    root = tmp_path / "KernelBench" / "level1"
+    root.mkdir(parents=True)
+    (root / "19_ReLU.py").write_text(MATMUL.replace("torch.matmul(A, B)", "torch.relu(A + B)")
+                                     .replace("N = 16", "N = 16384 * 2"))
+    (root / "1_Square_matrix_multiplication_.py").write_text(MATMUL)
+    tasks = _tasks(EvalConfig(model="m", tasks=str(root.parent), out="o", size_profile="fit:16"))
+    relu = next(t for t in tasks if t.task_id.endswith("19_ReLU"))
+    assert relu.meta["resized"]["N"][0] == 32768 and relu.meta["resized"]["N"][1] <= 1024
+    assert "N = 16384 * 2" not in relu.source
+    small = next(t for t in tasks if t.task_id.endswith("1_Square_matrix_multiplication_"))
+    assert "resized" not in small.meta and small.source == MATMUL
+    cfg = EvalConfig(model="m", tasks=str(root.parent), out=str(tmp_path / "out"), size_profile="fit:16")
+    (tmp_path / "out").mkdir()
+    summary = _write(cfg, tmp_path / "out", tasks, [], "m", "tok", 1.0)
+    assert list(summary["resized"]) == [relu.task_id] and summary["size_profile"] == "fit:16"
+    assert "N 32768 -> " in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_write_drops_a_previous_runs_plots(tmp_path):

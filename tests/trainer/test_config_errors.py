@@ -49,6 +49,7 @@ def _problems(overrides, preset=QUICKSTART):
     ("agent.max_oversample_rounds=-1", "agent.max_oversample_rounds must be >= 0"),
     ("data.environment=no_such_module:Env", "data.environment"),
     ("farm.backend=k8s", "farm.backend must be process|ray"),
+    ("data.size_profile=fit:0", "data.size_profile: size profile 'fit:0': the budget must be positive"),
 ])
 def test_out_of_range_values_name_their_key(override, needle):
     problems = _problems([override])

@@ -57,6 +57,8 @@ def test_check_usage_errors_name_the_path(tmp_path):
     assert r.returncode == 2 and "--trials must be >= 1" in r.stderr
     r = cli("check", "--task", RELU_TASK, "--candidate", cand, "--timing-trials", "0")
     assert r.returncode == 2 and "--timing-trials must be >= 1" in r.stderr
+    r = cli("check", "--task", RELU_TASK, "--candidate", cand, "--size-profile", "fit:1:2:3")
+    assert r.returncode == 2 and "--size-profile: size profile 'fit:1:2:3'" in r.stderr
 
 
 def test_check_json_format_error_and_undecodable_bytes(tmp_path):
