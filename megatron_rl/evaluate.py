@@ -272,6 +272,8 @@ class EvalConfig:
 
 
 def _tasks(cfg: EvalConfig) -> list:
+    from tqdm import tqdm
+
     from verifier.size_profiles import apply_size_profile, find_manifest_entry, parse_fit_profile
     from verifier.tasks import TaskError, load_task_set
 
@@ -307,7 +309,10 @@ def _tasks(cfg: EvalConfig) -> list:
                 raise ValueError(f"--size-profile {cfg.size_profile}: no task of --tasks has this profile in a "
                                  f"manifest (profiles there: {', '.join(have) or 'none'}); fit, fit:<MiB> or "
                                  f"fit:<MiB>:<GFLOP> shrinks any KernelBench task to a budget")
-        tasks = [apply_size_profile(t, cfg.size_profile) for t in tasks]
+        # fitting sizes each task on meta tensors: milliseconds for most, up to a minute for a long RNN
+        tasks = [apply_size_profile(t, cfg.size_profile) for t in tqdm(
+            tasks, desc=f"size profile {cfg.size_profile}", unit="task", file=sys.stderr, dynamic_ncols=True,
+            disable=not cfg.progress or parse_fit_profile(cfg.size_profile) is None, leave=False)]
         for t in tasks:
             if t.meta.get("resized"):
                 log.info("task %s resized for --size-profile %s: %s", t.task_id, cfg.size_profile,

@@ -20,7 +20,7 @@ manifest holds one entry per line; an entry may also be a bare path string.
 The profile ``fit`` (``fit:<MiB>`` or ``fit:<MiB>:<GFLOP>``; default 64 MiB, 2 GFLOP) needs no manifest: it shrinks a
 plain KernelBench task until one call of its reference moves at most that many bytes (inputs, outputs and
 parameters) and does at most that many FLOPs, so KernelBench's GPU-sized problems (a 6.4 GB ReLU input) can be
-evaluated on a CPU. It halves the task's largest integer constants one at a time (never one below
+evaluated on a CPU. It halves the task's largest integer constants (elements of integer tuples included) one at a time (never one below
 ``FIT_MIN_VALUE``: kernel sizes, strides and head counts stay), each step sized on meta tensors (nothing
 allocated) and kept only when the reference still builds and runs on the new shapes and gets cheaper.
 """
@@ -334,19 +334,42 @@ def _int_expr(node: ast.expr) -> int | None:
     return None
 
 
-def int_constants(source: str) -> dict[str, int]:
-    """Top-level names bound to one integer (a literal or literal arithmetic) by single assignments: the sizes
-    ``fit`` may shrink. A name assigned anything else anywhere at top level is left out."""
-    out: dict[str, int] = {}
+def int_constants(source: str) -> dict[str, int | tuple[int, ...]]:
+    """Top-level names bound by single assignments to one integer (a literal or literal arithmetic) or to a tuple of
+    them (KernelBench's ``input_shape = (8192 * 2,)``): the sizes ``fit`` may shrink. A name assigned anything else
+    anywhere at top level is left out."""
+    out: dict[str, int | tuple[int, ...]] = {}
     other: set[str] = set()
     for node in ast.parse(source).body:
         for name, value in _assigned_names(node):
-            v = _int_expr(value)
+            v: int | tuple[int, ...] | None = _int_expr(value)
+            if v is None and isinstance(value, ast.Tuple) and value.elts:
+                elts = [_int_expr(e) for e in value.elts]
+                v = tuple(elts) if all(e is not None for e in elts) else None   # type: ignore[arg-type]
             if v is None:
                 other.add(name)
             else:
                 out[name] = v
     return {k: v for k, v in out.items() if k not in other}
+
+
+def _sizes(constants: dict[str, int | tuple[int, ...]]) -> dict[tuple[str, int | None], int]:
+    """Every integer ``fit`` may halve: ``(name, None)`` for an int constant, ``(name, i)`` for a tuple's i-th."""
+    out: dict[tuple[str, int | None], int] = {}
+    for name, v in constants.items():
+        if isinstance(v, tuple):
+            out.update({(name, i): e for i, e in enumerate(v)})
+        else:
+            out[(name, None)] = v
+    return out
+
+
+def _constants(sizes: dict[tuple[str, int | None], int], like: dict[str, Any]) -> dict[str, Any]:
+    """``sizes`` back as constants shaped as in ``like`` (ints and tuples)."""
+    out: dict[str, Any] = {}
+    for name, v in like.items():
+        out[name] = tuple(sizes[(name, i)] for i in range(len(v))) if isinstance(v, tuple) else sizes[(name, None)]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,15 +415,18 @@ def meta_cost(task: Any, precision: str = "float32") -> MetaCost | None:
 
 
 def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FIT_DEFAULT_FLOPS,
-              precision: str = "float32") -> tuple[Any, dict[str, tuple[int, int]]]:
+              precision: str = "float32") -> tuple[Any, dict[str, tuple[Any, Any]]]:
     """``task`` shrunk until one reference call fits ``max_bytes`` and ``max_flops`` (``MetaCost``), and the
     constants changed (``{name: (old, new)}``; the task's ``meta["resized"]`` holds the same).
 
-    Greedy: the largest constant of at least ``FIT_MIN_VALUE`` is halved (floor) when the reference still runs
-    on meta tensors at the new sizes and gets cheaper; a constant whose halving fails or saves nothing is not
-    tried again. Stops when the task fits or nothing is left to halve, so a task that cannot fit comes back as
-    small as this could make it (the verifier's memory check then names what is left). A task already within
-    the budget, or one that cannot be sized on meta tensors, comes back unchanged."""
+    Greedy: the largest size of at least ``FIT_MIN_VALUE`` (an int constant or one element of a tuple constant) is
+    halved (floor) when the reference still runs on meta tensors at the new sizes and gets cheaper; if halving it
+    alone fails, it is halved together with every other size of the same value (KernelBench's HingeLoss broadcasts a
+    ``batch_size`` of 32768 against an ``input_shape`` of ``(32768,)``: they only shrink together). A size whose
+    halving fails both ways or saves nothing is not tried again. Stops when the task fits or nothing is left to
+    halve, so a task that cannot fit comes back as small as this could make it (the verifier's memory check then
+    names what is left). A task already within the budget, or one that cannot be sized on meta tensors, comes back
+    unchanged."""
     cost = meta_cost(task, precision)
     if cost is None or cost.within(max_bytes, max_flops):
         return task, {}
@@ -408,32 +434,47 @@ def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FI
         original = int_constants(task.source)
     except SyntaxError:
         return task, {}
-    values = dict(original)
-    tried_out: set[str] = set()
+    start = _sizes(original)
+    sizes = dict(start)
+    tried_out: set[tuple[str, int | None]] = set()
     current = task
+
+    def attempt(keys: list[tuple[str, int | None]]) -> tuple[Any, MetaCost] | None:
+        trial_sizes = {**sizes, **{k: sizes[k] // 2 for k in keys}}
+        values = _constants(trial_sizes, original)
+        changed = {n: v for n, v in values.items() if v != original[n]}
+        try:
+            trial = dataclasses.replace(task, source=rewrite_constants(task.source, changed))
+        except (KeyError, ValueError):
+            return None
+        c = meta_cost(trial, precision)
+        return (trial, c) if c is not None and c.cheaper_than(cost) else None
+
     for _ in range(_FIT_MAX_STEPS):
         if cost.within(max_bytes, max_flops):
             break
-        candidates = sorted((n for n, v in values.items() if v >= FIT_MIN_VALUE and n not in tried_out),
-                            key=lambda n: (-values[n], n))
-        for name in candidates:
-            changed = {n: v for n, v in values.items() if v != original[n]}
-            changed[name] = values[name] // 2
-            try:
-                trial = dataclasses.replace(task, source=rewrite_constants(task.source, changed))
-            except (KeyError, ValueError):
-                tried_out.add(name)
+        candidates = sorted((k for k, v in sizes.items() if v >= FIT_MIN_VALUE and k not in tried_out),
+                            key=lambda k: (-sizes[k], k[0], -1 if k[1] is None else k[1]))
+        for key in candidates:
+            keys = [key]
+            done = attempt(keys)
+            group = [k for k in candidates if sizes[k] == sizes[key]]
+            if done is None and len(group) > 1:
+                keys = group
+                done = attempt(keys)
+            if done is None:
+                tried_out.add(key)
                 continue
-            c = meta_cost(trial, precision)
-            if c is None or not c.cheaper_than(cost):
-                tried_out.add(name)
-                continue
-            values[name], cost, current = values[name] // 2, c, trial
+            for k in keys:
+                sizes[k] //= 2
+            current, cost = done
             break
         else:
             break
+    values = _constants(sizes, original)
     resized = {n: (original[n], v) for n, v in values.items() if v != original[n]}
     if resized and dataclasses.is_dataclass(current) and isinstance(getattr(current, "meta", None), dict):
-        current = dataclasses.replace(current, meta={**current.meta, "resized": {n: list(p) for n, p in
-                                                                                resized.items()}})
+        current = dataclasses.replace(current, meta={**current.meta, "resized": {
+            n: [list(a) if isinstance(a, tuple) else a, list(b) if isinstance(b, tuple) else b]
+            for n, (a, b) in resized.items()}})
     return current, resized

@@ -85,6 +85,23 @@ def get_init_inputs():
     return [embed_dim, num_heads]
 '''
 
+# KernelBench's HingeLoss: targets of shape (batch,) broadcast against the last input dim, so batch_size and the
+# tuple input_shape only shrink together
+HINGE = HEADER + '''class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+batch_size = 32768
+input_shape = (32768,)
+dim = 1
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
+
+def get_init_inputs():
+    return []
+'''
+
 SMALL = RELU.replace("4096", "16").replace("393216", "64")
 
 # get_inputs reads a value: it cannot run on meta tensors, so the task cannot be sized and stays as it is
@@ -164,3 +181,15 @@ def test_tasks_that_fit_or_cannot_be_sized_come_back_unchanged(tmp_path):
     assert fit_sizes(small) == (small, {})
     dynamic = _task(tmp_path, "2_dynamic", DATA_DEPENDENT)
     assert meta_cost(dynamic) is None and fit_sizes(dynamic) == (dynamic, {})
+
+
+def test_sizes_that_only_work_together_shrink_together_tuples_included(tmp_path):
+    task = _task(tmp_path, "100_HingeLoss", HINGE)
+    assert int_constants(task.source) == {"batch_size": 32768, "input_shape": (32768,), "dim": 1}
+    fitted, resized = fit_sizes(task)
+    assert set(resized) == {"batch_size", "input_shape"}
+    (b0, b1), (s0, s1) = resized["batch_size"], resized["input_shape"]
+    assert b0 == 32768 and s0 == (32768,) and s1 == (b1,) and b1 <= 4096
+    assert meta_cost(fitted).within(64 << 20, 2 * 10**9)
+    assert _run_for_real(fitted).ndim == 0
+    assert fitted.meta["resized"]["input_shape"] == [[32768], [b1]]
