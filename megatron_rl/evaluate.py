@@ -302,7 +302,8 @@ def _tasks(cfg: EvalConfig) -> list:
     if cfg.limit is not None:
         tasks = tasks[:cfg.limit]
     if cfg.size_profile:
-        if parse_fit_profile(cfg.size_profile) is None:   # a manifest profile: some task must have it
+        fit = parse_fit_profile(cfg.size_profile) is not None
+        if not fit:   # a manifest profile: some task must have it
             entries = [find_manifest_entry(t.path) for t in tasks]
             if not any(e is not None and cfg.size_profile in e.sizes for e in entries):
                 have = sorted({p for e in entries if e is not None for p in e.sizes})
@@ -312,7 +313,7 @@ def _tasks(cfg: EvalConfig) -> list:
         # fitting sizes each task on meta tensors: milliseconds for most, up to a minute for a long RNN
         tasks = [apply_size_profile(t, cfg.size_profile) for t in tqdm(
             tasks, desc=f"size profile {cfg.size_profile}", unit="task", file=sys.stderr, dynamic_ncols=True,
-            disable=not cfg.progress or parse_fit_profile(cfg.size_profile) is None, leave=False)]
+            disable=not cfg.progress or not fit, leave=False)]
         for t in tasks:
             if t.meta.get("resized"):
                 log.info("task %s resized for --size-profile %s: %s", t.task_id, cfg.size_profile,

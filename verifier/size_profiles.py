@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -305,7 +306,7 @@ def parse_fit_profile(profile: str | None) -> tuple[int, int] | None:
         gflop = float(parts[1]) if len(parts) > 1 and parts[1] else FIT_DEFAULT_FLOPS / 1e9
     except ValueError:
         raise ValueError(f"size profile {profile!r}: the budget must be numbers (fit:<MiB>:<GFLOP>)") from None
-    if not (mib > 0 and gflop > 0) or mib != mib or gflop != gflop or mib == float("inf") or gflop == float("inf"):
+    if not (math.isfinite(mib) and math.isfinite(gflop) and mib > 0 and gflop > 0):
         raise ValueError(f"size profile {profile!r}: the budget must be positive and finite")
     return int(mib * (1 << 20)), int(gflop * 1e9)
 
@@ -434,8 +435,7 @@ def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FI
         original = int_constants(task.source)
     except SyntaxError:
         return task, {}
-    start = _sizes(original)
-    sizes = dict(start)
+    sizes = _sizes(original)
     tried_out: set[tuple[str, int | None]] = set()
     current = task
 
@@ -458,10 +458,11 @@ def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FI
         for key in candidates:
             keys = [key]
             done = attempt(keys)
-            group = [k for k in candidates if sizes[k] == sizes[key]]
-            if done is None and len(group) > 1:
-                keys = group
-                done = attempt(keys)
+            if done is None:
+                group = [k for k in candidates if sizes[k] == sizes[key]]
+                if len(group) > 1:
+                    keys = group
+                    done = attempt(keys)
             if done is None:
                 tried_out.add(key)
                 continue
