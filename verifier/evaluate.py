@@ -1458,11 +1458,39 @@ def _write_new_file(path: str, text: str) -> None:
         f.write(text)
 
 
+@contextlib.contextmanager
+def _parent_threads(n: int):
+    """This thread's torch intra-op threads capped at ``n`` while a CPU check runs here. The parent's own work (the
+    reference's outputs for the correctness trials, comparisons) is light, and the cores belong to the child being
+    timed, the next warm spare starting and the compile workers: with more threads than free cores, every small op
+    waits at OpenMP barriers for a thread the scheduler has parked (measured on two busy cores: comparisons 6-10x
+    slower, a teacher check ~0.9 s longer). ``n`` is the child's ``cpu_threads``, so the reference's outputs are
+    computed as the candidate runs."""
+    import torch
+    old = torch.get_num_threads()
+    if n >= old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig,
                   device_index: int | None = None, spares: WarmSpares | None = None) -> VerifyResult:
     """Device stage: a fresh sandboxed child pinned to one device; correctness, fallback check, timing.
     With ``spares`` (a farm device worker), the child is one started ahead of time and the next is started
     while this candidate runs (``verifier.warm_spare``)."""
+    if cfg.backend != "cpu":   # on a GPU the parent's comparisons run on the device: its host threads idle
+        return _run_candidate(task, code, build, cfg, device_index, spares)
+    with _parent_threads(max(1, cfg.cpu_threads)):
+        return _run_candidate(task, code, build, cfg, device_index, spares)
+
+
+def _run_candidate(task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
+                   spares: WarmSpares | None) -> VerifyResult:
     try:
         result = _DeviceStage(task, code, build, cfg, device_index, spares).run()
         if result.details.get("device_use") != "exclusive" and _out_of_memory_because_of_others(result, cfg,

@@ -247,6 +247,54 @@ def test_the_last_timed_trial_is_always_audited(make_cfg):
     assert r.details["timing"]["trials"] == 4 and {a["trial"] for a in r.details["audits"]} == {3}
 
 
+THREAD_COUNTING_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * torch.get_num_threads()
+
+
+def get_inputs():
+    return [torch.randn(16, 512)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_parent_computes_references_with_the_childs_threads_and_gives_its_own_back(make_cfg, tmp_path):
+    """On the cpu backend the parent's intra-op threads are the child's (``cpu_threads``) while it checks: more
+    would wait at OpenMP barriers for cores the child and the next warm spare use. A reference that reads its
+    thread count shows which count the parent used (the child runs the candidate with one); the caller's own
+    setting is restored afterwards."""
+    import torch
+
+    from verifier.build import build_candidate
+    from verifier.evaluate import precheck, run_candidate
+    from verifier.tasks import load_task
+    from verifier.types import Category
+
+    from .candidates import RELU, compiled
+
+    path = tmp_path / "relu_times_threads.py"
+    path.write_text(THREAD_COUNTING_TASK)
+    cfg = make_cfg(num_timing_trials=3)
+    task = load_task(str(path))
+    code = precheck(task, compiled(RELU), cfg)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert cfg.cpu_threads == 1 and r.category == Category.PASS, r.feedback
+
+
 STALL_ONCE = '''
 class ModelNew(nn.Module):
     def __init__(self):
