@@ -324,23 +324,6 @@ class GatedDeltaNetParts(Transform):
         return tuple(torch.cat(chunks, dim=0) for chunks in out)
 
 
-@dataclasses.dataclass(frozen=True)
-class ZeroCentredGain(Transform):
-    """A norm gain stored as ``w`` in HF and as ``w - 1`` in Megatron (replicated over TP).
-
-    megatron's hybrid spec applies ``layernorm_zero_centered_gamma`` (``x_hat * (1 + w)``) to every norm,
-    while HF's Qwen3.5 GDN output norm is a plain ``x_hat * w``. ``(w - 1) + 1`` is exact for gains in
-    [0.5, 2] in any float dtype (Sterbenz), so such checkpoints round-trip bitwise."""
-
-    tp_dim = None
-
-    def shard(self, src, hf_names, tp_rank, tp_size, local_shape):
-        return _check_shape(src.read(hf_names[0]) - 1, local_shape, hf_names[0])
-
-    def to_hf(self, full, tp_size):
-        return (full + 1,)
-
-
 class DictSource:
     """`HFSource` over an in-memory mapping of full tensors."""
 

@@ -11,6 +11,8 @@ dtype at the end.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -35,3 +37,18 @@ class RMSNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, zero_centered={self.zero_centered}"
+
+
+class PlainGain:
+    """Builds ``norm`` with a plain gain (``x_hat * w``) whatever ``layernorm_zero_centered_gamma`` says.
+
+    Why: megatron builds every norm of a hybrid layer from the one TransformerConfig, so Qwen3.5's GDN output
+    norm, plain in HF, would be zero-centred too and its checkpoint would hold ``w - 1``, which loses bits for
+    gains outside [0.5, 2] (a bf16 gain of 1e-3 came back as 0 and changed the model). With this the checkpoint
+    holds HF's ``w`` itself. ``norm`` is our `RMSNorm` or TransformerEngine's ``TENorm`` (a spec's ``params``);
+    a class, not a function, because megatron's ``build_module`` returns functions uncalled."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-6, norm=RMSNorm, **kwargs):
+        plain = copy.copy(config)   # a shallow copy: TransformerConfig's __post_init__ is not run again
+        plain.layernorm_zero_centered_gamma = False
+        return norm(config=plain, hidden_size=hidden_size, eps=eps, **kwargs)

@@ -45,12 +45,15 @@ def multimodal_config(text_cfg, vision_depth: int = 1):
 
 @torch.no_grad()
 def randomize(model, seed: int = 0):
-    """Distinct values everywhere; norm gains near 1 (zero-centred ones near 0, so (1+w) is near 1)."""
+    """Distinct values everywhere; norm gains near 1 (zero-centred ones near 0, so (1+w) is near 1), but for a
+    quarter of the GDN output norm's gains near 3.7 and another quarter near 1e-3."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=gen)
-        if name.endswith("linear_attn.norm.weight"):  # plain gain
-            p.copy_(1.0 + 0.2 * noise)
+        if name.endswith("linear_attn.norm.weight"):  # plain gain, some far from 1 (a checkpoint storing w - 1
+            p.copy_(1.0 + 0.2 * noise)                 # cannot give 3.7 or 1e-3 back bit for bit)
+            p[::4] *= 3.7
+            p[1::4] = 1e-3 * noise[1::4]
         elif name.endswith("norm.weight"):  # zero-centred gains
             p.copy_(0.2 * noise)
         elif name.endswith("A_log"):

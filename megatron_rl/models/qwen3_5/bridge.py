@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from megatron_rl.bridge.base import Bridge, ParamMapping
 from megatron_rl.bridge.transforms import (ColumnParallel, GatedDeltaNetParts, GatedMLP, QKVInterleave, Replicated,
-                                           RowParallel, VocabParallel, ZeroCentredGain)
+                                           RowParallel, VocabParallel)
 
 from .spec import FULL, head_dim, layer_types, text_config, tied_embeddings
 
@@ -84,7 +84,7 @@ class Qwen35Bridge(Bridge):
                          hf_shapes=((qkv_rows, 1, width),)),
             ParamMapping("self_attention.A_log", G + "A_log", ColumnParallel(), hf_shapes=((nv,),)),
             ParamMapping("self_attention.dt_bias", G + "dt_bias", ColumnParallel(), hf_shapes=((nv,),)),
-            ParamMapping("self_attention.out_norm.weight", G + "norm.weight", ZeroCentredGain(), hf_shapes=((dv,),)),
+            ParamMapping("self_attention.out_norm.weight", G + "norm.weight", Replicated(), hf_shapes=((dv,),)),
             ParamMapping("self_attention.out_proj.weight", G + "out_proj.weight", RowParallel(),
                          hf_shapes=((h, nv * dv),)),
             *mlp,

@@ -6,8 +6,9 @@ full-attention layers. megatron-core 0.19 models both: ``experimental_attention_
 "gated_delta_net"`` with ``linear_attention_freq`` as the per-layer pattern builds its
 ``GatedDeltaNet`` module, and ``attention_output_gate`` the sigmoid output gate of attention. Further:
 QK RMSNorm, partial RoPE (``partial_rotary_factor`` of the head, theta from the config), zero-centred
-norms ``(1 + w)`` everywhere (megatron applies ``layernorm_zero_centered_gamma`` to all its norms; the
-GDN output norm, plain in HF, is converted by the bridge), ``A_log`` and ``dt_bias`` kept in fp32.
+norms ``(1 + w)`` as in HF, and a plain gain for the GDN output norm as in HF (megatron would apply
+``layernorm_zero_centered_gamma`` to it too; `PlainGain` builds it without), ``A_log`` and ``dt_bias`` kept in
+fp32.
 
 Layer spec: with TransformerEngine, megatron's
 ``get_transformer_block_with_experimental_attention_variant_spec``. Without it (CPU, or GPUs without TE),
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..norms import RMSNorm
+from ..norms import PlainGain, RMSNorm
 from ..qwen3.spec import (decoder_problems, head_dim, partial_rotary_factor, rope_problems, rope_theta,
                           transformer_config_kwargs)
 from ..spec import BuildOptions, ConfigMismatchError, ParallelSizes, padded_vocab_size
@@ -125,9 +126,23 @@ def layer_spec(config, use_te: bool, vp_stage=None, pp_rank=None):
         from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
             get_transformer_block_with_experimental_attention_variant_spec)
 
-        return get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage,
-                                                                              pp_rank=pp_rank)
+        return plain_gdn_out_norm(get_transformer_block_with_experimental_attention_variant_spec(
+            config, vp_stage=vp_stage, pp_rank=pp_rank))
     return local_block_spec(config, vp_stage, pp_rank)
+
+
+def plain_gdn_out_norm(block_spec):
+    """megatron's TE hybrid block spec with each GDN output norm built by `PlainGain` (HF's plain gain)."""
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    for layer in block_spec.layer_specs:
+        mixer = layer.submodules.self_attention
+        if getattr(mixer, "module", None) is GatedDeltaNet:
+            norm = mixer.submodules.out_norm
+            if getattr(norm, "module", None) is not PlainGain:   # layers may share one mixer spec
+                mixer.submodules.out_norm = ModuleSpec(module=PlainGain, params={"norm": norm})
+    return block_spec
 
 
 def _require_fla() -> None:
@@ -156,7 +171,8 @@ def local_block_spec(config, vp_stage=None, pp_rank=None):
                                                              get_transformer_layer_offset)
 
     gdn = ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
-        in_proj=ColumnParallelLinear, out_norm=RMSNorm, out_proj=RowParallelLinear))
+        in_proj=ColumnParallelLinear, out_norm=ModuleSpec(module=PlainGain, params={"norm": RMSNorm}),
+        out_proj=RowParallelLinear))
     attention = ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
                            submodules=SelfAttentionSubmodules(
                                linear_qkv=ColumnParallelLinear, core_attention=DotProductAttention,
