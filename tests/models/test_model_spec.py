@@ -68,6 +68,47 @@ def test_hybrid_spec_maps_the_hf_fields():
     assert kw["rotary_percent"] == 0.25 and kw["rotary_base"] == 1e7 and kw["vocab_size"] == 256
 
 
+def test_the_gdn_output_norm_has_a_plain_gain_under_either_spec(monkeypatch):
+    """HF's GDN output norm is ``x_hat * w`` while every other Qwen3.5 norm is zero-centred: `PlainGain` builds it
+    plain from the zero-centred config, in our local spec and wrapped around TE's norm in megatron's TE spec
+    (`plain_gdn_out_norm`, checked here on the local spec's structure: TE is not installed on CPUs)."""
+    import torch
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+
+    from megatron_rl.models import BuildOptions
+    from megatron_rl.models.norms import PlainGain, RMSNorm
+    from megatron_rl.models.qwen3_5 import spec as q35
+
+    from megatron.core.transformer import transformer_block, transformer_layer
+
+    cfg = hybrid(layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+    tc = q35.transformer_config(cfg, ParallelSizes(), BuildOptions(use_cpu_initialization=True))
+    # one stage holding every layer, without initialising megatron's parallel state
+    monkeypatch.setattr(transformer_block, "get_num_layers_to_build", lambda config, **_: 4)
+    monkeypatch.setattr(transformer_layer, "get_transformer_layer_offset", lambda config, **_: 0)
+    block = q35.local_block_spec(tc)
+    gdn_norms = [layer.submodules.self_attention.submodules.out_norm for layer in block.layer_specs
+                 if layer.submodules.self_attention.module.__name__ == "GatedDeltaNet"]
+    assert len(gdn_norms) == 3 and all(n.module is PlainGain for n in gdn_norms)
+    norm = build_module(gdn_norms[0], config=tc, hidden_size=12, eps=1e-6)
+    assert isinstance(norm, RMSNorm) and not norm.zero_centered and tc.layernorm_zero_centered_gamma
+    assert torch.equal(norm.weight, torch.ones(12))   # HF's init of a plain gain
+    # a TE-style spec (the norm class straight in the GDN submodules, one mixer spec shared by its layers)
+    for n in gdn_norms:
+        n.module, n.params = RMSNorm, {}
+    shared = block.layer_specs[0].submodules.self_attention
+    shared.submodules.out_norm = RMSNorm
+    for layer in block.layer_specs:
+        if layer.submodules.self_attention.module.__name__ == "GatedDeltaNet":
+            layer.submodules.self_attention = shared
+    q35.plain_gdn_out_norm(block)
+    wrapped = shared.submodules.out_norm
+    assert isinstance(wrapped, ModuleSpec) and wrapped.module is PlainGain and wrapped.params == {"norm": RMSNorm}
+    assert not build_module(wrapped, config=tc, hidden_size=12, eps=1e-6).zero_centered
+    attention = [layer.submodules.self_attention for layer in block.layer_specs][1]
+    assert attention.submodules.q_layernorm is RMSNorm   # attention's norms stay zero-centred
+
+
 @pytest.mark.parametrize("kw,par,field", [
     (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
      ParallelSizes(), "sliding_attention"),
