@@ -479,9 +479,44 @@ class DeviceSession:
             leaves, _ = flatten_outputs(out)
         except (TypeError, ValueError):
             leaves = []
-        for t in touched + [x for x in leaves if issubclass(type(x), tb)]:
+        returned = [x for x in leaves if issubclass(type(x), tb)]
+        if returned and not touched and self._passes_through(fn, args, kwargs, tensors, returned):
+            self._ablation["passthrough"] += 1
+            return out   # it produced nothing: what it handed back is the forward's own work, left as it is
+        for t in touched + returned:
             self._poison(t)
         return out
+
+    def _passes_through(self, fn, args: tuple, kwargs: dict, tensors: list, returned: list) -> bool:
+        """Whether a native call that changed none of its arguments returned only (views of) its floating-point
+        arguments because it is the identity: ``finish(out)`` returning ``out``, so that overwriting what it
+        returned would overwrite the real answer, computed elsewhere. Judged by calling it once more on
+        random-byte copies of those arguments (NaNs, infinities, negatives): an honest in-place kernel that left
+        this trial's data as it was (a relu on positive inputs) changes those copies or returns something else."""
+        tb, torch = self._tb, self.torch
+        storage = {tb.untyped_storage(t).data_ptr(): t for t in tensors if tb.is_floating_point(t)}
+        if not all(tb.untyped_storage(x).data_ptr() in storage for x in returned):
+            return False
+        copies = {}
+        for t in storage.values():
+            c = tb.clone(t)
+            raw = torch.empty(0, dtype=torch.uint8, device=self.device).set_(tb.untyped_storage(c))
+            raw.random_(0, 256, generator=self._ablation["generator"])
+            copies[id(t)] = (c, tb.clone(raw))
+        swap = lambda a: copies[id(a)][0] if id(a) in copies else a   # noqa: E731
+        self._ablation["probes"] += 1   # the profile hook sees this call too: it is no unwrapped native work
+        again = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
+        self.timer.synchronize()
+        from verifier.correctness import flatten_outputs
+        try:
+            leaves, _ = flatten_outputs(again)
+        except (TypeError, ValueError):
+            return False
+        mine = {tb.untyped_storage(c).data_ptr() for c, _ in copies.values()}
+        unchanged = all(self._equal(torch.empty(0, dtype=torch.uint8, device=self.device).set_(
+            tb.untyped_storage(c)), saved) for c, saved in copies.values())
+        back = [x for x in leaves if issubclass(type(x), tb)]
+        return unchanged and len(back) == len(returned) and all(tb.untyped_storage(x).data_ptr() in mine for x in back)
 
     def _poison(self, t) -> None:
         """Overwrite ``t``'s whole storage once. The forward's inputs are never touched; the model's own tensors
@@ -776,8 +811,8 @@ class DeviceSession:
         if msg.get("ablate"):
             gen = torch.Generator(device=self.device)
             gen.manual_seed(int(msg["seed"]))
-            self._ablation = {"calls": 0, "poisoned": 0, "generator": gen, "done": set(), "restore": [],
-                              "model": self._model_tensors()}
+            self._ablation = {"calls": 0, "poisoned": 0, "passthrough": 0, "probes": 0, "generator": gen,
+                              "done": set(), "restore": [], "model": self._model_tensors()}
             self._protected = {self._tb.untyped_storage(a).data_ptr() for a in args if issubclass(type(a), self._tb)}
             self.client.ablator = self._ablated_call
         own, hits = self.client.module_names, [0]
@@ -787,6 +822,7 @@ class DeviceSession:
                                               or type(getattr(fn, "__self__", None)).__module__ in own):
                 hits[0] += 1
 
+        inputs.reseed_unpredictably()
         with self.backend.profiler() as prof:
             sys.setprofile(count_native)
             try:
@@ -813,11 +849,12 @@ class DeviceSession:
             # native work outside the wrapped entry points: pybind methods of the candidate's classes, its
             # TORCH_LIBRARY ops, CUDA graph replays, Triton when its launcher could not be wrapped
             wrapped = self.client.native_calls - calls_before   # each also shows up once among the hits
-            opaque = max(0, hits[0] - wrapped) + sum(custom.values()) + self.client.opaque_calls - opaque_before
+            opaque = max(0, hits[0] - wrapped - self._ablation["probes"]) + sum(custom.values()) + \
+                self.client.opaque_calls - opaque_before
             if "triton" in sys.modules and self.backend.is_gpu and not self.triton_wrapped:
                 opaque += 1
             reply["ablation"] = {"calls": self._ablation["calls"], "poisoned": self._ablation["poisoned"],
-                                 "opaque": opaque}
+                                 "passthrough": self._ablation["passthrough"], "opaque": opaque}
             restore, self._ablation, self._protected = self._ablation["restore"], None, set()
         else:
             restore = []
@@ -875,6 +912,7 @@ class DeviceSession:
             for _ in range(max(int(msg["n"]), 1)):
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
                 input_bytes = self._nbytes(args)
+                inputs.reseed_unpredictably()
                 out, ms, _ = self.timer.time_call(lambda: model(*args))
                 enqueues.append(self.timer.last_enqueue_ms)
                 times.append(ms)
@@ -927,13 +965,15 @@ class DeviceSession:
 
     def call(self, msg):
         import gc
+
+        from verifier import inputs
         runner = msg["runner"]
         model = self._model(runner)
         calls = [(lambda a=a: model(*a)) for a in self.args[runner]]
         self.integrity()   # restores global state the candidate changed: the reference runs as it should
         gc.disable()
         try:
-            batch = self.timer.time_batch(calls, self.flusher)
+            batch = self.timer.time_batch(calls, self.flusher, inputs.reseed_unpredictably)
         finally:
             gc.enable()
         from verifier.correctness import flatten_outputs

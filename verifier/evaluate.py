@@ -176,6 +176,9 @@ PRECISION_PROBE_RATIO = 0.5
 # scale): where rounding to float16 changes the output less than float32 arithmetic does (a loss reduced to one
 # scalar), no precision can be told apart and nothing is flagged
 PRECISION_PROBE_FP32_FACTOR = 32.0
+# ... and, where float32 accumulation alone could cause an error that large (long reductions), the output is within
+# this share of the reference's own spread of the reference run on float16- or bfloat16-rounded inputs
+PRECISION_PROBE_FOLLOWS = 0.5
 # device memory left free beside a full handover's buffer and this process's snapshot of it
 DEVICE_HANDOVER_HEADROOM = 1 << 30
 # the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size)
@@ -997,7 +1000,9 @@ class _DeviceStage:
         on the same inputs rounded to float16, and in float64. An output whose error (against float64) is of the
         size that rounding the inputs causes, and far above the float32 reference's own error, was computed in
         float16, bfloat16 or TF32 (it passed the tolerance, typically on a long reduction); an honest float32
-        kernel's error is of the float32 reference's order. Finding: (rule, message) or None."""
+        kernel's error is of the float32 reference's order. On long reductions (an MSE over 2^18 entries) another
+        float32 summation order alone can err more than rounding the inputs does: there only an output that
+        follows the reference run on rounded inputs is flagged. Finding: (rule, message) or None."""
         import torch
 
         from . import inputs
@@ -1012,16 +1017,20 @@ class _DeviceStage:
                                                               f"{free} available"}
                 return None
         args = inputs.make_inputs(self.module, seed, self.device, self.cfg.precision)
-        rounded = [a.to(torch.float16).to(a.dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
-                   else a for a in args]
-        if all(a is b for a, b in zip(args, rounded)):
+        if not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
             self.details["precision_probe"] = {"skipped": "no float32 input"}
             return None
         if self.work is not None and 2 * self.work[0] > self.cfg.shared_device_max_bytes:
             self.details["precision_probe"] = {"skipped": "too large for a float64 reference beside the others"}
             return None
+
+        def reference_on(dtype):
+            """The float32 reference run on the inputs rounded to ``dtype``."""
+            with torch.no_grad(), self.backend.reference_precision():
+                return flatten_outputs(ref_model(*[a.to(dtype).to(a.dtype) if isinstance(a, torch.Tensor)
+                                                   and a.dtype == torch.float32 else a for a in args]))[0]
+        leaves16 = reference_on(torch.float16)
         with torch.no_grad(), self.backend.reference_precision():
-            out16 = ref_model(*rounded)
             try:   # the float32 reference's own error, against float64: the scale of an honest kernel's error
                 model64 = copy.deepcopy(ref_model).to(torch.float64)
                 out64 = model64(*[a.to(torch.float64) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
@@ -1030,49 +1039,61 @@ class _DeviceStage:
                 self.details["precision_probe"] = {"skipped": f"no float64 reference: {type(e).__name__}"}
                 return None
         self.backend.synchronize_fn()()
-        leaves16, leaves64 = flatten_outputs(out16)[0], flatten_outputs(out64)[0]
+        leaves64 = flatten_outputs(out64)[0]
+        # the terms an output entry sums: inputs per output entry, or multiply-adds per entry (a matmul's K)
+        n_out = sum(r.numel() for r in ref_leaves if isinstance(r, torch.Tensor)) or 1
+        n_in = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+        n_red = max(n_in / n_out, (self.work[1] if self.work is not None else 0) / (2 * n_out), 1.0)
         # the error statistics over the entries the handover sampled, and over a sample of any other output of
         # more than output_sample_elements entries (root mean squares: a few million entries estimate them well)
         k, picks = self.cfg.output_sample_elements, dict(picks or {})
-
-        def pick(t, idx):
-            return t.reshape(-1).index_select(0, idx.to(t.device)) if isinstance(t, torch.Tensor) and \
-                t.numel() > k else t
         leaves, ref_leaves = list(leaves), list(ref_leaves)
         for i, ref in enumerate(ref_leaves):
-            idx = picks.get(i)
-            if idx is None and isinstance(ref, torch.Tensor) and i < len(leaves):
-                idx = sample_index(ref.numel(), k, secrets.randbits(62), ref.device)
-                if idx is not None:
-                    leaves[i] = pick(leaves[i], idx)
-            if idx is not None:
-                ref_leaves[i] = pick(ref, idx)
-                if i < len(leaves16):
-                    leaves16[i] = pick(leaves16[i], idx)
-                if i < len(leaves64):
-                    leaves64[i] = pick(leaves64[i], idx)
-        cand = fp16 = fp32 = 0.0
-        count = 0
-        for got, ref, r16, r64 in zip(leaves, ref_leaves, leaves16, leaves64):
-            cand += squared_error(got, r64)[0]
-            fp16 += squared_error(r16, ref)[0]
-            err32, n = squared_error(ref, r64)
-            fp32 += err32
-            count += n
+            if picks.get(i) is None and isinstance(ref, torch.Tensor) and i < len(leaves) and ref.numel() > k:
+                picks[i] = sample_index(ref.numel(), k, secrets.randbits(62), ref.device)
+                if picks[i] is not None:
+                    leaves[i] = leaves[i].reshape(-1).index_select(0, picks[i].to(leaves[i].device)) \
+                        if isinstance(leaves[i], torch.Tensor) and leaves[i].numel() > k else leaves[i]
+
+        def picked(outs: list) -> list:
+            return [t.reshape(-1).index_select(0, picks[i].to(t.device)) if picks.get(i) is not None
+                    and isinstance(t, torch.Tensor) and t.numel() > k else t for i, t in enumerate(outs)]
+        ref_leaves, leaves16, leaves64 = picked(ref_leaves), picked(leaves16), picked(leaves64)
+        count = sum(squared_error(ref, r64)[1] for ref, r64 in zip(ref_leaves, leaves64))
+
+        def rms(a: list, b: list) -> float:
+            return math.sqrt(sum(squared_error(x, y)[0] for x, y in zip(a, b)) / max(count, 1))
+        rms_cand, rms16 = rms(leaves, leaves64), rms(leaves16, ref_leaves)
         # an honest float32 kernel may be a few times less accurate than torch's (another summation order);
         # at least one float32 ulp of the outputs' scale counts as the reference's own error
         scale = math.sqrt(sum(squared_error(r, torch.zeros_like(r))[0] for r in ref_leaves
                               if isinstance(r, torch.Tensor) and r.is_floating_point()) / max(count, 1))
-        honest = max(math.sqrt(fp32 / max(count, 1)), scale * 2.0 ** -23)
-        rms_cand, rms16 = math.sqrt(cand / max(count, 1)), math.sqrt(fp16 / max(count, 1))
+        honest = max(rms(ref_leaves, leaves64), scale * 2.0 ** -23)
+        # a float32 sum of n_red terms of the outputs' size may be off by up to n_red float32 ulps (a sequential
+        # sum, stagnating on long positive reductions); rounding inputs to float16 averages out over the same
+        # terms, so below this bound the error's size alone cannot tell the precisions apart
+        accumulation = scale * n_red * 2.0 ** -24
         ratio = rms_cand / rms16 if rms16 > 0 else 0.0
-        self.details["precision_probe"] = {"rms_ratio_to_fp16_rounding": ratio,
-                                           "rms_ratio_to_fp32_reference": rms_cand / honest if honest > 0 else 0.0}
-        if rms16 > 0 and ratio >= PRECISION_PROBE_RATIO and rms_cand >= PRECISION_PROBE_FP32_FACTOR * honest:
-            return ("precision_downgrade", f"your output's error against the float32 reference is {ratio:.2f}x the "
-                                           "error of rounding the inputs to float16; compute in float32 (no "
-                                           "half/bfloat16 inputs or intermediates, no TF32)")
-        return None
+        info = {"rms_ratio_to_fp16_rounding": ratio,
+                "rms_ratio_to_fp32_reference": rms_cand / honest if honest > 0 else 0.0,
+                "reduction_length": n_red,
+                "rms_ratio_to_fp32_accumulation": rms_cand / accumulation if accumulation > 0 else 0.0}
+        self.details["precision_probe"] = info
+        if not (rms16 > 0 and ratio >= PRECISION_PROBE_RATIO and rms_cand >= PRECISION_PROBE_FP32_FACTOR * honest):
+            return None
+        if rms_cand < accumulation:
+            # as large as float32 accumulation can make it: a downgrade only if the output follows the reference
+            # run on rounded inputs (an honest error is independent of that rounding's, and at least as far away)
+            info["distance_to_rounded_reference"] = follows = {}
+            for name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+                rounded_out = leaves16 if dtype is torch.float16 else picked(reference_on(dtype))
+                spread = rms(rounded_out, ref_leaves)
+                follows[name] = rms(leaves, rounded_out) / spread if spread > 0 else math.inf
+            if min(follows.values()) > PRECISION_PROBE_FOLLOWS:
+                return None
+        return ("precision_downgrade", f"your output's error against the float32 reference is {ratio:.2f}x the "
+                                       "error of rounding the inputs to float16; compute in float32 (no "
+                                       "half/bfloat16 inputs or intermediates, no TF32)")
 
     @_costed("compare")
     def _compare(self, leaves: list, ref_leaves: list):
@@ -1107,6 +1128,9 @@ class _DeviceStage:
         ab = report.get("ablation") or {}
         calls, opaque, poisoned = _count(ab.get("calls")), _count(ab.get("opaque")), _count(ab.get("poisoned"))
         info: dict[str, Any] = {"native_calls": calls, "overwritten": poisoned, "opaque_calls": opaque}
+        passthrough = _count(ab.get("passthrough"))   # calls that returned their own argument unchanged: no work
+        if passthrough:
+            info["passthrough_calls"] = passthrough
         self.details["ablation"] = info
         if ref_aliases or calls == 0 or opaque > 0 or not any(
                 isinstance(t, torch.Tensor) and t.numel() for t in ref_leaves):
@@ -1119,7 +1143,9 @@ class _DeviceStage:
         if c.ok and same_structure(report.get("spec"), ref_spec):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "decoy_kernel", f"{RUNTIME_RULES['decoy_kernel']} ({calls} native call(s) ran, {poisoned} of their "
-                                "results overwritten, the output unchanged)"), rule="decoy_kernel", q=q)
+                                "results overwritten, " + (f"{passthrough} handed back their argument as it was, "
+                                                           if passthrough else "") + "the output unchanged)"),
+                rule="decoy_kernel", q=q)
 
     def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False
                    ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:

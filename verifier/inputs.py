@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import secrets
 import weakref
 from typing import Any, Callable
 
@@ -125,6 +126,15 @@ def _seed_all(seed: int) -> None:
         np.random.seed(seed % (2 ** 32))
     except ImportError:  # pragma: no cover
         pass
+
+
+def reseed_unpredictably() -> None:
+    """Seed the global RNGs from fresh entropy. ``generate`` leaves them seeded by the input set's seed, so right
+    after a correctness trial's inputs ``torch.randn(x.shape)`` replays ``x`` and ``torch.initial_seed()`` names the
+    set, while a timed batch draws all its sets first: a candidate could tell whether it is being checked. The
+    child calls this right before every call of a model, so the RNG state carries nothing of the inputs or the
+    phase (a forward that draws random numbers gets different ones than the parent's reference run)."""
+    _seed_all(secrets.randbits(63))
 
 
 def _to_device(obj: Any, device: torch.device, dtype: torch.dtype | None) -> Any:

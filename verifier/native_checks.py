@@ -27,12 +27,19 @@ _NATIVE_FUNCS: dict[str, str] = {
                    "linkat mknod mknodat mkfifo chdir fchdir chroot utime utimes "
                    # writing to (or rewiring) inherited descriptors: the harness's result channel is one
                    "write pwrite pwrite64 writev pwritev pwritev2 dup dup2 dup3 fcntl sendfile splice vmsplice tee "
-                   "copy_file_range",
+                   "copy_file_range dprintf vdprintf pipe pipe2 close close_range closefrom",
     "network_access": "socket socketpair connect bind listen accept accept4 gethostbyname getaddrinfo sendto "
                       "recvfrom sendmsg recvmsg",
     "process_or_thread": "system popen fork vfork execl execlp execle execv execvp execvpe execve execveat fexecve "
                          "posix_spawn posix_spawnp clone clone3 kill tkill tgkill raise ptrace prctl signal sigaction "
-                         "setrlimit prlimit unshare setns setsid setpgid daemon alarm setitimer timer_create syscall",
+                         "setrlimit prlimit unshare setns setsid setpgid daemon alarm setitimer timer_create syscall "
+                         "exit _exit _Exit quick_exit",
+    # CPU-time usage (clocks are patterns below): only the harness times
+    "timer_tampering": "getrusage",
+    # process-wide policy the reference's timed calls share: its allocator, environment and scheduling
+    "runtime_policy": "mallopt malloc_trim mallinfo mallinfo2 malloc_stats malloc_info sbrk brk setenv putenv "
+                      "unsetenv clearenv mlock mlockall sched_setaffinity sched_setscheduler sched_setparam "
+                      "setpriority nice",
     "dynamic_code": "dlopen dlsym dlmopen dlvsym dladdr dlinfo mmap mmap64 mprotect pkey_mprotect munmap mremap "
                     "madvise process_vm_readv process_vm_writev GetProcAddress",
 }
@@ -83,7 +90,16 @@ _NATIVE_CODE_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p,
     # timers and events of its own: only the harness times (and it captured its timer before the candidate)
     (r"\b(cuda|musa|hip)Event\w*|\b(cu|mu)Event\w*|\b(CU|MU)event\b|\b(CUDA|MUSA)Event\b|\bc10::Event\b"
      r"|\bclock_(gettime|settime|adjtime|getres)\b|\b(get|set)timeofday\b|\btimespec_get\b|\badjtimex\b"
-     r"|\bchrono::|\b_{0,2}rdtscp?\b|\b__builtin_ia32_rdtscp?\b", "timer_tampering"),
+     r"|\bchrono::|\b_{0,2}rdtscp?\b|\b__builtin_ia32_rdtscp?\b"
+     r"|(?<![\w.>])(std::|::)?clock\s*\(|\bCLOCKS_PER_SEC\b", "timer_tampering"),   # the host's clock(), not clock64()
+    # the profiler's state (RecordFunction callbacks are how it observes ops): a kernel that asks can tell a
+    # profiled correctness trial from a timed call
+    (r"\b\w*(hasCallbacks|hasGlobalCallbacks|hasThreadLocalCallbacks|RecordFunction|RECORD_FUNCTION|record_function"
+     r"|[Pp]rofiler|ThreadLocalDebugInfo|ThreadLocalState|[Kk]ineto)\w*", "profiler_probe"),
+    (r"\bSet(CPU|CUDA|MUSA)?Allocator\b|\bsetAllocator\w*|\w*CachingAllocator::(set\w*|emptyCache|init"
+     r"|recordHistory|attach\w*)\b", "runtime_policy"),
+    (r"\bglobalContext\s*\(\s*\)\s*\.\s*set\w*|\bgetDefault\w*Generator\b|\bat::manual_seed\b",
+     "global_torch_state"),
     (r"##|%:%:", "native_source"),                                      # token pasting (and its digraph)
     (r"[\w)\]]\s*(__asm__|__asm|asm)\s*\(|\b(section|weakref|alias|ifunc|symver)\s*\(|\\[uU][0-9A-Fa-f]{4}"
      r"|execstack", "native_source"),                                   # symbol aliases, code in data, UCNs
@@ -236,16 +252,88 @@ def _native_views(text: str) -> tuple[str, str]:
     return ns.sub("::", "".join(code)), ns.sub("::", "".join(merged))
 
 
+# words before `::` or an identifier that are no namespace and no type
+_KEYWORDS = {"return", "case", "goto", "throw", "sizeof", "new", "delete", "else", "do", "co_return", "co_yield",
+             "typeid", "alignof", "decltype", "not", "and", "or"}
+# a declarator of a variable or parameter named like a libc function: type words right after the start of a
+# statement, parameter or member (`float signal = ...`, `(const bool& open)`, `std::vector<int> link;`), then `=`,
+# `;`, `,`, `)`, `[`, `{` or a range-for `:`
+_DECL_BEFORE = re.compile(r"(?:^|[;{}(,:])\s*(?:(?:const|volatile|static|constexpr|unsigned|signed|struct|enum|class"
+                          r"|typename|register|thread_local|mutable|extern|inline|__restrict__|__shared__|__device__"
+                          r"|__constant__|__managed__)\s+)*(?!(?:" + "|".join(sorted(_KEYWORDS)) + r")\b)[A-Za-z_][\w:]*"
+                          r"(?:\s*<[^;{}()]*>)?(?:\s*(?:\*|&&|&|\bconst\b|\b__restrict__\b|\bvolatile\b))*\s*$")
+_DECL_AFTER = re.compile(r"\s*(?:[=;,)\[{]|:(?!:))")
+
+
+def _block_end(code: str, pos: int) -> int:
+    """End of the scope a declaration at ``pos`` belongs to: the enclosing ``{}`` block, or for one inside
+    parentheses (a parameter, a for/if initialiser) the body that follows them (or the statement up to ``;``)."""
+    depth = {"(": 0, "{": 0}
+    opener = None
+    for i in range(pos - 1, -1, -1):
+        c = code[i]
+        if c in ")}":
+            depth["(" if c == ")" else "{"] -= 1
+        elif c in "({":
+            if depth[c] == 0:
+                opener = (c, i)
+                break
+            depth[c] += 1
+    if opener is None:
+        return len(code)
+    kind, start = opener
+    close = _matching(code, start)
+    if kind == "{":
+        return close
+    nxt = re.compile(r"[{;]").search(code, close)
+    if nxt is None:
+        return len(code)
+    return _matching(code, nxt.start()) if nxt.group() == "{" else nxt.start()
+
+
+def _matching(code: str, start: int) -> int:
+    """Index of the bracket closing the one at ``start`` (the end of ``code`` when it is never closed)."""
+    pair = {"(": ")", "{": "}"}[code[start]]
+    depth = 0
+    for i in range(start, len(code)):
+        if code[i] == code[start]:
+            depth += 1
+        elif code[i] == pair:
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(code)
+
+
 def _native_identifier_hits(code: str) -> Iterable[tuple[str, str]]:
-    """(name, rule) for each use of a forbidden native function in the code view."""
+    """(name, rule) for each use of a forbidden native function in the code view: a call (``name(``, also a
+    function declaration), anything after ``::`` or in a ``#define`` (an alias), and any other use of the
+    name as a value (``&system``, ``auto f = write;``) outside the scope of a variable of that name. A variable
+    or parameter called ``signal``, ``open`` or ``write``, and its uses, are the candidate's own."""
+    declared: dict[str, list[tuple[int, int]]] = {}     # name -> scopes of variables of that name
+    hits = []
     for m in _NATIVE_IDENT.finditer(code):
-        before = code[max(0, m.start() - 64):m.start()].rstrip()
-        if before.endswith(".") or before.endswith("->"):
+        # a window cut mid-statement starts with a sentinel, so that its first characters are no statement start
+        before = code[:m.start()] if m.start() <= 256 else "\0" + code[m.start() - 256:m.start()]
+        stripped = before.rstrip()
+        if stripped.endswith(".") or stripped.endswith("->"):
             continue   # a member: x.clone(), t->write
-        ns = _NS_BEFORE.search(before)
-        if ns and (ns.group(1) not in ("", "std") or (ns.group(1), m.group(1)) == ("std", "bind")):
+        ns = _NS_BEFORE.search(stripped)
+        space = "" if ns is None or ns.group(1) in _KEYWORDS else ns.group(1)   # `return ::system(...)`
+        if space not in ("", "std") or (space, m.group(1)) == ("std", "bind"):
             continue   # torch::clone, at::..., std::bind: another function of that name
-        yield m.group(1), _NATIVE_FUNC_RULE[m.group(1)]
+        line = code[code.rfind("\n", 0, m.start()) + 1:m.start()]
+        if ns or code[m.end():m.end() + 64].lstrip().startswith("(") or line.lstrip().startswith(("#", "%:")):
+            yield m.group(1), _NATIVE_FUNC_RULE[m.group(1)]
+            continue
+        name = m.group(0)
+        if _DECL_BEFORE.search(before) and _DECL_AFTER.match(code, m.end()):
+            declared.setdefault(name, []).append((m.start(), _block_end(code, m.start())))
+        else:
+            hits.append(m)
+    for m in hits:
+        if not any(a <= m.start() <= b for a, b in declared.get(m.group(0), ())):
+            yield m.group(1), _NATIVE_FUNC_RULE[m.group(1)]
 
 
 def _blank(text: str, keep_strings: bool) -> str:

@@ -60,6 +60,9 @@ SECURITY_RULES: dict[str, str] = {
                          "windows, persisting-L2 limits, stream/graph attributes, evict_last cache policies)",
     "timer_tampering": "reads, records or drives timers and events itself (cudaEvent*/musaEvent*, clock_gettime, "
                        "std::chrono, rdtsc, torch.cuda.Event): only the verifier times",
+    "runtime_policy": "changes process-wide runtime policy that the reference's timed calls share (allocator "
+                      "settings such as mallopt/malloc_trim or c10::SetCPUAllocator, environment variables, "
+                      "scheduling and memory locking)",
     # the build stage reports a missing CUDA/MUSA header, library or compiler as a broken build host (infra,
     # retried, never scored); a candidate must not be able to ask for one and escape its verdict
     "toolchain_mismatch": "asks for a toolchain this backend does not have (CUDA/MUSA sources, headers or "
@@ -178,6 +181,9 @@ _ATTR_RULES = {
     "__torch_function__": "tensor_subclass", "__torch_dispatch__": "tensor_subclass",
     "TorchFunctionMode": "tensor_subclass", "TorchDispatchMode": "tensor_subclass",
     "_is_profiler_enabled": "profiler_probe",
+    # builtins reached as attributes of a builtins module or namespace (`.eval` is nn.Module.eval: allowed)
+    "exec": "dynamic_code", "globals": "dynamic_code", "locals": "dynamic_code", "breakpoint": "dynamic_code",
+    "setattr": "monkey_patching", "delattr": "monkey_patching",
     "f_globals": "dynamic_code", "f_locals": "dynamic_code", "f_back": "dynamic_code", "f_code": "dynamic_code",
     "f_builtins": "dynamic_code", "gi_frame": "dynamic_code", "cr_frame": "dynamic_code", "ag_frame": "dynamic_code",
     "tb_frame": "dynamic_code", "tb_next": "dynamic_code", "co_code": "dynamic_code", "_getframe": "dynamic_code",
@@ -240,6 +246,9 @@ _BUILTIN_RULES = {
     "setattr": "monkey_patching", "delattr": "monkey_patching",
     "Model": "reference_model", "__main__": "reference_model",
 }
+# literal mapping keys that name what the builtins above are (a globals or builtins dict read by key);
+# "input" is an ordinary key of a candidate's own dicts
+_KEY_RULES = {k: r for k, r in _BUILTIN_RULES.items() if k != "input"}
 _TORCH_TENSOR_CLASSES = {"torch.Tensor", "torch.nn.Parameter", "torch.nn.parameter.Parameter",
                          "torch._tensor.Tensor", "torch.nn.Buffer"}
 _NN_MODULE = {"torch.nn.Module", "torch.nn.modules.module.Module"}
@@ -700,6 +709,30 @@ class _Analyzer:
         if attr == "modules" and q and q.split(".")[0] == "sys":
             self.add("monkey_patching", "`sys.modules` must not be touched", node)
 
+    def check_key_name(self, key: str, node: ast.AST) -> None:
+        """A literal key read from a mapping (``d["k"]``, ``d.get("k")``, ``case {"k": v}``) is judged like an
+        attribute name where it can reach a namespace: ``g["__builtins__"]["exec"]`` on a function's globals."""
+        rule = _KEY_RULES.get(key)
+        if rule:
+            self.add(rule, f"key `{key!r}` is not allowed ({SECURITY_RULES[rule]})", node)
+        elif key.startswith("__") and key.endswith("__") and key not in _ALLOWED_DUNDER_ATTRS:
+            self.add("dynamic_code", f"dunder key `{key!r}` is not allowed (namespaces of interpreter internals)",
+                     node)
+
+    def check_match_args(self, node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> None:
+        """``__match_args__`` names the attributes a positional class pattern reads (``case C(g)`` is
+        ``g = subject.<__match_args__[0]>``): they must be literal and pass the attribute rules."""
+        try:
+            names = self.fold(node.value) if node.value is not None and not isinstance(node, ast.AugAssign) \
+                else None
+        except _NotFoldable:
+            names = None
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            self.add("dynamic_code", "`__match_args__` must be a literal tuple of attribute names", node)
+            return
+        for name in names:
+            self.check_attribute_name(name, node, None)
+
     def check_import(self, module: str, node: ast.AST, bound: str | None) -> None:
         top = module.split(".")[0]
         if not top:  # relative import
@@ -849,6 +882,8 @@ class _Analyzer:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     self.check_assign_target(t, node)
+                    if isinstance(t, ast.Name) and t.id == "__match_args__":
+                        self.check_match_args(node)
             elif isinstance(node, (ast.With, ast.AsyncWith)):
                 for item in node.items:
                     if item.optional_vars is not None:
@@ -887,6 +922,21 @@ class _Analyzer:
                         self.check_module_value(node, q)
             elif isinstance(node, ast.Call):
                 self.check_call(node)
+            elif isinstance(node, ast.Subscript):
+                if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                    self.check_key_name(node.slice.value, node)
+            elif isinstance(node, ast.MatchClass):
+                # `case object(__globals__=g)` reads the attribute as `x.__globals__` does, with no Attribute node
+                base = self.qual(node.cls)
+                for attr in node.kwd_attrs:
+                    self.check_attribute_name(attr, node, None)
+                    if base:
+                        self.check_qualified(f"{base}.{attr}", node)
+            elif isinstance(node, ast.MatchMapping):
+                # `case {"exec": run}` looks the key up as `d["exec"]` does
+                for key in node.keys:
+                    if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                        self.check_key_name(key.value, node)
         for name, (module, line) in self.tolerated.items():
             if name in used_names:
                 rule = _MODULE_RULES[module]
@@ -959,6 +1009,9 @@ class _Analyzer:
                 q0 = self.qual(node.args[0]) or ""
                 if q0.split(".")[-1] == "Model":
                     self.add("reference_model", "super(Model, ...) reaches the reference", node)
+        if isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault") and node.args and \
+                isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            self.check_key_name(node.args[0].value, node)
         if q and q.split(".")[-1] == "set_grad_enabled" and isinstance(self.parents.get(node), ast.Expr) and not (
                 len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value is False):
             # as a statement it switches autograd on for everything after it, the reference's timed runs too

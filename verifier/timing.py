@@ -82,8 +82,10 @@ class CapturedTimer:
         h1 = self._perf()
         return out, float(self._elapsed(start, end)), (h1 - h0) * 1e3
 
-    def time_batch(self, calls: list[Callable[[], Any]], flusher: "CacheFlusher") -> BatchTiming:
-        """Run ``calls`` back to back, each after ``flusher``'s flush (and spin); see the module docstring."""
+    def time_batch(self, calls: list[Callable[[], Any]], flusher: "CacheFlusher",
+                   before_each: Callable[[], None] = lambda: None) -> BatchTiming:
+        """Run ``calls`` back to back, each after ``flusher``'s flush (and spin); see the module docstring.
+        ``before_each`` runs in each call's flush interval, outside the call's own time."""
         outputs: list[Any] = []
         if self._event_cls is None:
             rep_ms, flush_ms = [], 0.0
@@ -91,6 +93,7 @@ class CapturedTimer:
             for fn in calls:
                 f0 = self._perf()
                 flusher.flush()
+                before_each()
                 s0 = self._perf()
                 outputs.append(fn())
                 e0 = self._perf()
@@ -108,6 +111,7 @@ class CapturedTimer:
         for i, fn in enumerate(calls):
             self._record(f_ev[i])
             flusher.clear()
+            before_each()
             if spin:
                 self._record(z_ev[i])   # the spin gets its own interval: its length varies from call to call
                 flusher.spin()

@@ -127,8 +127,17 @@ class ModelNew(nn.Module):
 '''
 
 
+# a "kernel" that hands back the tensor it was given: overwriting what it returned overwrote the real answer
+DECOY_PASSTHROUGH = '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.finish(x.t().contiguous())
+'''
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("model", [DECOY_THROWN_AWAY, DECOY_NOOP_ON_OUTPUT], ids=["thrown_away", "noop_on_output"])
+@pytest.mark.parametrize("model", [DECOY_THROWN_AWAY, DECOY_NOOP_ON_OUTPUT, DECOY_PASSTHROUGH],
+                         ids=["thrown_away", "noop_on_output", "passthrough"])
 def test_decoy_kernels_on_a_transpose_task_are_cheating(make_cfg, model):
     r = run("transpose", compiled(model), make_cfg())
     expect(r, Category.CHEATING, "decoy_kernel")
@@ -140,7 +149,9 @@ def test_decoy_kernels_on_a_transpose_task_are_cheating(make_cfg, model):
 @pytest.mark.parametrize("task_name,model", [
     ("transpose", calling("ext.transpose2d(x)", "x")),                      # the kernel does the data movement
     ("elementwise_add", PERSISTENT_OUT_PARAMETER),
-], ids=["transpose_kernel", "persistent_out_parameter"])
+    # in place and returning its argument, on inputs it leaves as they were: no passthrough
+    ("relu_positive", calling("ext.relu_inplace(x.clone())", "x")),
+], ids=["transpose_kernel", "persistent_out_parameter", "inplace_identity_on_this_data"])
 def test_honest_kernels_survive_the_ablation(make_cfg, task_name, model):
     r = run(task_name, compiled(model), make_cfg())
     expect(r, Category.PASS)
@@ -157,6 +168,42 @@ def test_float16_dress_up_on_a_reduction_is_caught_and_float32_passes(make_cfg):
     honest = run("row_sumsq", compiled(calling("ext.row_sumsq(x)", "x")), make_cfg())
     expect(honest, Category.PASS)
     assert honest.details["precision_probe"]["rms_ratio_to_fp16_rounding"] < 0.05
+
+
+# inputs.generate seeds the global RNG with each input set's seed: unless the child reseeds it before every call,
+# its state tells a correctness trial (right after the trial's own inputs) from a timed call
+RNG_REPLAYS_THE_TRIAL_INPUTS = '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if torch.equal(torch.randn(x.shape, device=x.device), x):   # being checked: run the kernel
+            return ext.relu(x)
+        return torch.relu(x)
+'''
+SEED_REPEATS_IN_A_TIMED_BATCH = '''
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.previous = -1
+
+    def forward(self, x):
+        seed = torch.initial_seed()   # a timed batch draws all its input sets first: one seed for all its calls
+        repeated, self.previous = seed == self.previous, seed
+        return ext.relu(x) * 0 if repeated else ext.relu(x)
+'''
+
+
+@pytest.mark.slow
+def test_rng_state_does_not_reveal_a_correctness_trial(make_cfg):
+    """The kernel ran only where the RNG replayed the inputs; now it never does, and the fallback is seen."""
+    r = run("relu", compiled(RNG_REPLAYS_THE_TRIAL_INPUTS), make_cfg())
+    expect(r, Category.CHEATING)
+    assert "relu" in r.feedback
+
+
+@pytest.mark.slow
+def test_global_seed_does_not_reveal_a_timed_batch(make_cfg):
+    """Wrong answers only where the seed repeats (the timed calls): no call sees the same seed twice now."""
+    expect(run("relu", compiled(SEED_REPEATS_IN_A_TIMED_BATCH), make_cfg()), Category.PASS)
 
 
 REPLAY_FROM_HARNESS = '''
@@ -470,3 +517,22 @@ def test_the_precision_probe_stays_silent_where_float16_is_below_float32_noise()
     # set in twenty it reaches 32x; asserting silence every time made this test fail 1 run in 20)
     finding, details = _probe("cross_entropy", lambda a: torch.nn.functional.cross_entropy(a[0].half().float(), a[1]))
     assert (finding is None) == (details["rms_ratio_to_fp32_reference"] < PRECISION_PROBE_FP32_FACTOR), details
+
+
+def test_the_precision_probe_does_not_call_float32_accumulation_a_downgrade():
+    import numpy as np
+    import torch
+
+    def sequential(a, dtype=torch.float32):   # one float32 accumulator, as a plain C++ loop sums
+        d = (a[0].to(dtype).float() - a[1].to(dtype).float()).reshape(-1)
+        return torch.tensor(np.add.accumulate((d * d).numpy(), dtype=np.float32)[-1] / d.numel())
+    finding, details = _probe("mse", sequential)
+    assert finding is None, details
+    # its error is far above float16 rounding's: the error's size alone called it a downgrade
+    assert details["rms_ratio_to_fp16_rounding"] > 1 and details["rms_ratio_to_fp32_reference"] > 32, details
+    # where float32 accumulation could err as much (rows of 4096), float16 and bfloat16 inputs are still told apart:
+    # the output follows the reference run on the rounded inputs
+    for dtype, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        finding, details = _probe("row_sumsq", lambda a: (a[0].to(dtype).float() ** 2).sum(dim=1))
+        assert finding and finding[0] == "precision_downgrade", details
+        assert details["rms_ratio_to_fp32_accumulation"] < 1 and details["distance_to_rounded_reference"][name] < 0.1

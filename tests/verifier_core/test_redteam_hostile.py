@@ -159,6 +159,37 @@ def test_native_aliases_and_dispatcher_bypasses_are_rejected(src, rule):
     assert rule in native_rules(src), native_rules(src)
 
 
+@pytest.mark.parametrize("src,rule", [
+    # asking the profiler whether it is on: the kernel runs only while the trials watch (ATen otherwise)
+    ("#include <ATen/record_function.h>\nbool f(){ return at::hasCallbacks(); }", "profiler_probe"),
+    ("bool f(){ return at::isRecordFunctionEnabled(); }", "profiler_probe"),
+    ("bool f(){ return torch::autograd::profiler::profilerEnabled(); }", "profiler_probe"),
+    ('void f(){ RECORD_FUNCTION("mine", std::vector<c10::IValue>()); }', "profiler_probe"),
+    # process-wide allocator, environment and scheduling policy the reference's timed calls share
+    ("#include <malloc.h>\nstatic int p = [] { mallopt(M_MMAP_THRESHOLD, 65536); return 0; }();", "runtime_policy"),
+    ("void f(){ malloc_trim(0); }", "runtime_policy"),
+    ("void f(c10::Allocator* a){ c10::SetCPUAllocator(a, 100); }", "runtime_policy"),
+    ("void f(){ c10::cuda::CUDACachingAllocator::setMemoryFraction(0.1, 0); }", "runtime_policy"),
+    ('void f(){ setenv("OMP_NUM_THREADS", "1", 1); }', "runtime_policy"),
+    ("void f(){ at::globalContext().setAllowTF32CuBLAS(true); }", "global_torch_state"),
+    ("long f(){ return at::detail::getDefaultCPUGenerator().current_seed(); }", "global_torch_state"),
+    # descriptors, exits and CPU clocks
+    ('void f(){ dprintf(5, "{}"); }', "file_access"),
+    ("void f(){ int p[2]; pipe(p); }", "file_access"),
+    ("void f(){ close(5); }", "file_access"),
+    ("void f(){ _exit(0); }", "process_or_thread"),
+    ("long f(){ return std::clock(); }", "timer_tampering"),
+    ("long f(){ struct rusage r; getrusage(RUSAGE_SELF, &r); return r.ru_utime.tv_usec; }", "timer_tampering"),
+    # a libc function reached as a value where no variable of its name is in scope
+    ('void a(){ bool write = true; (void)write; }\nvoid b(){ auto w = write; w(5, "x", 1); }', "file_access"),
+    ('void a(float signal){ (void)signal; }\nvoid b(){ auto h = signal; h(2, nullptr); }', "process_or_thread"),
+    ('int f(){ int write = 1; return ::write(5, "x", write); }', "file_access"),
+    ('bool open = true;\nint f(){ return open("/etc/passwd", 0); }', "file_access"),
+])
+def test_profiler_queries_process_policy_and_libc_values_are_rejected(src, rule):
+    assert rule in native_rules(src), native_rules(src)
+
+
 @pytest.mark.parametrize("flags", [["-Wl,--defsym,my=system"], ["-Dmy=system"], ["-include/etc/passwd"],
                                    ["@/tmp/flags"], ["-Xcompiler", "-fopenmp"], ["-ccbin", "/bin/sh"]])
 def test_unsafe_compiler_flags_are_rejected(flags):

@@ -190,3 +190,31 @@ def test_musa_notes_flag_hard_coded_warp_width():
     notes = musa_portability_notes(code)
     assert notes and "128" in notes[0] and "0xffffffff" in notes[0] and "% 32" in notes[0]
     assert musa_portability_notes(HEADER + ADD) == []
+
+
+# match statements read attributes (class patterns) and keys (mapping patterns) without Attribute/Subscript nodes
+@pytest.mark.parametrize("code,rule", [
+    (PRE + "def f():\n    pass\nmatch f:\n    case object(__globals__=g):\n        pass\n" + MODEL, "dynamic_code"),
+    (in_forward("match x:\n            case object(numpy=f):\n                x = torch.from_numpy(f())"),
+     "host_compute"),
+    (PRE + "def f(g):\n    match g:\n        case {'exec': run}:\n            run('1')\n" + MODEL, "dynamic_code"),
+    (PRE + "def f(g):\n    match g:\n        case {'__builtins__': b}:\n            return b\n" + MODEL, "dynamic_code"),
+    (PRE + "def f(b):\n    match b:\n        case object(exec=run):\n            run('1')\n" + MODEL, "dynamic_code"),
+    # the same names read by subscript or dict method, and attribute names handed to positional class patterns
+    (PRE + "def f(g):\n    return g['__builtins__']\n" + MODEL, "dynamic_code"),
+    (PRE + "def f(g):\n    return g.get('exec')\n" + MODEL, "dynamic_code"),
+    (PRE + "class C:\n    __match_args__ = ('__globals__',)\n" + MODEL, "dynamic_code"),
+    (PRE + "N = ''.join(['__glo', 'bals__'])\nclass C:\n    __match_args__ = (N.strip(),)\n" + MODEL, "dynamic_code"),
+])
+def test_match_patterns_are_held_to_the_attribute_and_key_rules(code, rule):
+    found = rules(code)
+    assert rule in found, found
+
+
+def test_ordinary_match_statements_and_keys_pass():
+    code = PRE + ("class P:\n    __match_args__ = ('x', 'y')\n    def __init__(self):\n        self.x, self.y = 1, 2\n"
+                  "def f(o, d):\n    match o:\n        case P(a, b):\n            return a + b\n"
+                  "        case torch.Tensor(shape=s, dtype=t):\n            return s\n"
+                  "    match d:\n        case {'weight': w, 'input': i}:\n            return d['input'] + d.get('bias', 0)\n"
+                  + MODEL)
+    assert check_source(code) == [], [str(v) for v in check_source(code)]

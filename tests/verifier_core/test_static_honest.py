@@ -2773,10 +2773,10 @@ def test_list_arguments_may_still_be_shared_and_combined():
 
 # -------------------------------------------------------------- honest but indistinguishable: the feedback
 @pytest.mark.parametrize("code,backend,rule,must_say", [
-    # own variables named like libc functions: `bool write`, `int signal` (a rename fixes it)
-    (inline("__global__ void k(float* y, int n){\n  int i = threadIdx.x;\n  const bool write = i < n;\n"
-            "  if (write) y[i] = 0; }", ", cuda_sources='int g();'"), "cuda", "file_access",
-     ["line 7", "`write`", "rename"]),
+    # an own function named like a libc one: a call of it cannot be told from the libc call (a rename fixes it)
+    (inline("__device__ void write(float* y, int i){ y[i] = 0; }\n__global__ void k(float* y, int n){\n"
+            "  int i = threadIdx.x;\n  if (i < n) write(y, i); }", ", cuda_sources='int g();'"), "cuda",
+     "file_access", ["line 5", "`write`", "rename"]),
     # OpenMP threads (the simd form is allowed)
     (inline("void f(float* x){\n#pragma omp parallel for\nfor (int i = 0; i < 8; ++i) x[i] = 0; }"), "cpu",
      "process_or_thread", ["line 6", "#pragma omp", "omp simd"]),
@@ -2807,6 +2807,21 @@ def test_feedback_names_the_construct_the_line_and_the_fix(code, backend, rule, 
     text = str(found[0])
     for part in must_say:
         assert part in text, text
+
+
+@pytest.mark.parametrize("src", [
+    "float g(float signal){ return signal * 2.f; }",
+    "torch::Tensor f(torch::Tensor x){ int64_t link = x.size(0); return x.view({link, -1}); }",
+    "bool open = true;\nint f(){ return open ? 1 : 0; }",
+    "__global__ void k(float* y, int n){ int i = threadIdx.x; const bool write = i < n; if (write) y[i] = 0; }",
+    "float f(const float* tee, int n){ float s = 0; for (int kill = 0; kill < n; ++kill) s += tee[kill]; return s; }",
+    "struct P { int clone; bool close; };\nint f(P p){ return p.clone + p.close; }",
+    "float f(const std::vector<float>& signals){ float s = 0; for (const auto& signal : signals) s += signal; "
+    "return s; }",
+    "void f(float* __restrict__ pipe, float& nice, int exit){ pipe[0] = nice * exit; }",
+])
+def test_libc_names_as_variables_and_parameters_are_the_candidates_own(src):
+    assert native_findings([src], [], "cuda") == []
 
 
 def test_native_findings_point_at_the_line_of_the_source():
