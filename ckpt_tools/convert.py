@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
-from megatron_rl.bridge.hf_dir import (check_hf_input, follow_source_dtypes, load_fp32_source_dtypes, load_hf_config,
-                                      load_passthrough)
-from megatron_rl.checkpoint import HF_ASSETS_DIR, CheckpointError, check_files, read_meta, resolve_checkpoint
+from megatron_rl.bridge.hf_dir import (check_architectures, check_hf_input, follow_source_dtypes,
+                                      load_fp32_source_dtypes, load_hf_config, load_passthrough, load_source_layout)
+from megatron_rl.checkpoint import (HF_ASSETS_DIR, META_FILE, CheckpointError, check_files, read_meta,
+                                   resolve_checkpoint)
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
-from .hf_io import (DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter, config_dtype, config_from_dict,
-                    copy_assets, dtype_name, parse_dtype, write_hf_config)
+from .hf_io import (DEFAULT_MAX_SHARD_BYTES, PARAMS_DTYPES, ShardedSafetensorsWriter, config_dtype,
+                    config_from_dict, copy_assets, dtype_name, parse_dtype, write_hf_config)
 from .ranks import ToolError, limit_threads, run_ranks, staged_output
 
 INPUT_ERRORS = (HFCheckpointError, ConfigMismatchError, BridgeError, CheckpointError, ValueError)
@@ -78,17 +79,29 @@ def _resolve_dtype(requested: str | None, cfg, state: LazyHFState, bridge) -> to
     declared = config_dtype(cfg)
     if len(by_dtype) == 1:
         (dtype,) = by_dtype
+        _check_params_dtype(dtype, by_dtype[dtype], state)
         if declared is not None and declared != dtype:
             print(f"warning: {Path(state.path) / 'config.json'} declares dtype {dtype_name(declared)} but the "
                   f"weights are {dtype_name(dtype)}; converting in {dtype_name(dtype)} "
                   f"(pass --dtype to choose)", file=sys.stderr)
         return dtype
     dtype = declared if declared in by_dtype else max(by_dtype, key=lambda d: len(by_dtype[d]))
+    _check_params_dtype(dtype, by_dtype[dtype], state)
     cast = [n for d, ns in by_dtype.items() if d != dtype for n in ns]
     print(f"warning: {state.path}: weights mix dtypes {sorted(dtype_name(d) for d in by_dtype)}; converting in "
           f"{dtype_name(dtype)}, which casts {cast[:5]}{' and more' if len(cast) > 5 else ''} "
           f"(pass --dtype to choose)", file=sys.stderr)
     return dtype
+
+
+def _check_params_dtype(dtype: torch.dtype, names: list[str], state: LazyHFState) -> None:
+    """Refuse, before any rank starts, a weights dtype the Megatron model cannot be built in (float64): the
+    ranks would otherwise fail on it without naming the checkpoint. ``--dtype`` converts such weights."""
+    if dtype not in PARAMS_DTYPES:
+        supported = ", ".join(map(dtype_name, PARAMS_DTYPES))
+        raise HFCheckpointError(f"{state.file_of(names[0])}: weights are {dtype_name(dtype)} (e.g. {names[0]!r}); "
+                                f"Megatron params dtypes supported: {supported}; pass --dtype float32 to convert "
+                                f"them in float32 (the export is then float32)")
 
 
 def hf_to_mcore(job: HFToMcore) -> Path:
@@ -136,20 +149,23 @@ def mcore_to_hf(job: McoreToHF) -> Path:
         cfg = config_from_dict(meta["hf_config"])
         bridge = get_bridge(cfg)
         bridge.validate(par)
+        # a checkpoint converted before `load_hf_config` checked them may still carry wrong ones into the export
+        check_architectures(cfg, f"{ckpt / META_FILE}: hf_config")
         out_dtype = parse_dtype(job.dtype) if job.dtype else parse_dtype(meta.get("params_dtype", "float32"))
         if job.max_shard_bytes <= 0:
             raise ValueError(f"max shard size must be positive, got {job.max_shard_bytes}")
+        single_file = load_source_layout(ckpt / HF_ASSETS_DIR)["single_file"]
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
     with staged_output(job.out_dir) as tmp:
         run_ranks(_mcore_to_hf_rank, job.tp * job.pp, str(Path(job.ckpt_dir).absolute()), job.iteration,
-                  str(tmp), job.tp, job.pp, dtype_name(out_dtype), job.max_shard_bytes, job.progress)
+                  str(tmp), job.tp, job.pp, dtype_name(out_dtype), job.max_shard_bytes, single_file, job.progress)
         write_hf_config(tmp, meta["hf_config"], out_dtype, bridge.hf_architectures)
         copy_assets(ckpt / HF_ASSETS_DIR, tmp)
     return Path(job.out_dir)
 
 
-def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shard_bytes, progress):
+def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shard_bytes, single_file, progress):
     from megatron_rl.checkpoint import load_checkpoint
     from megatron_rl.models import BuildOptions, build_model
     from megatron_rl.parallel import init_parallel
@@ -164,7 +180,8 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
                          BuildOptions(params_dtype=params_dtype, perform_initialization=False))
     load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
     bridge = get_bridge(cfg)
-    writer = ShardedSafetensorsWriter(out_dir, max_shard_bytes) if info.rank == 0 else None
+    # a source that was one model.safetensors comes back as one when it fits (`load_source_layout`)
+    writer = ShardedSafetensorsWriter(out_dir, max_shard_bytes, single_file) if info.rank == 0 else None
     bar = _tqdm(total=len(bridge.hf_param_names()), desc="mcore-to-hf", unit="tensor",
                 disable=not progress or info.rank != 0)
     # fp32-kept tensors (GDN's A_log) that the source stored in the output dtype go back in it, byte for byte

@@ -15,12 +15,15 @@ import torch
 
 from megatron_rl.bridge import HFCheckpointError
 from megatron_rl.bridge.hf_dir import check_model_type
+from megatron_rl.bridge.hf_state import INDEX_NAME, SINGLE_NAME
 from megatron_rl.checkpoint import HF_ASSET_FILES
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3  # HF's default "5GB"
 
 _DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+#: the dtypes a Megatron model is built and exported in (what `parse_dtype` accepts)
+PARAMS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
@@ -28,7 +31,7 @@ def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
         return name
     key = str(name).removeprefix("torch.")
     if key not in _DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {name!r}; use one of float32, bfloat16, float16")
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(map(dtype_name, PARAMS_DTYPES))}")
     return _DTYPE_NAMES[key]
 
 
@@ -63,14 +66,19 @@ def config_dtype(hf_config) -> torch.dtype | None:
 
 
 class ShardedSafetensorsWriter:
-    """Packs a stream of (name, tensor) into ``model-0000i-of-0000N.safetensors`` + index."""
+    """Packs a stream of (name, tensor) into ``model-0000i-of-0000N.safetensors`` + index.
 
-    def __init__(self, out_dir: str | os.PathLike, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+    `single_file`: the source release was one ``model.safetensors`` without an index; when everything fits one
+    shard it is written the same way, so an export reproduces the layout it was given."""
+
+    def __init__(self, out_dir: str | os.PathLike, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                 single_file: bool = False):
         if max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_shard_bytes
+        self.single_file = single_file
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
         self._files: list[tuple[str, list[str]]] = []  # temp name, tensor names
@@ -101,12 +109,18 @@ class ShardedSafetensorsWriter:
         self._pending, self._pending_bytes = {}, 0
 
     def close(self) -> list[str]:
-        """Names the shards, writes the index; returns the shard file names."""
+        """Names the shards, writes the index (none for a `single_file` export in one file); returns the file
+        names."""
         if self._pending:
             self._flush()
         if not self._files:
             raise ValueError("no tensors were written")
         n = len(self._files)
+        if n == 1 and self.single_file:
+            tmp_name, _ = self._files[0]
+            _fsync_file(self.out / tmp_name)
+            os.replace(self.out / tmp_name, self.out / SINGLE_NAME)
+            return [SINGLE_NAME]
         weight_map, names = {}, []
         for i, (tmp_name, tensor_names) in enumerate(self._files):
             final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
@@ -116,7 +130,7 @@ class ShardedSafetensorsWriter:
             for t in tensor_names:
                 weight_map[t] = final
         index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
-        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        (self.out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
         return names
 
 

@@ -35,7 +35,9 @@ def run_ranks(fn: Callable, world_size: int, *args) -> None:
         spawn(fn, world_size, *args)
     except ProcessRaisedException as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        raise ToolError(lines[-1].strip() if lines else "a rank failed") from None
+        last = lines[-1].strip() if lines else "a rank failed"
+        # a rank's own ToolError already names the file; its class name adds nothing
+        raise ToolError(last.removeprefix(f"{ToolError.__module__}.{ToolError.__qualname__}: ")) from None
     except ProcessExitedException as e:
         raise ToolError(f"a rank died: {e}") from None
 

@@ -177,11 +177,27 @@ def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.T
         raise ToolError(f"{hf_dir}: HF weights missing, transformers would initialise them randomly: "
                         f"{missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model = model.to(device).eval()
-    logits = model(tokens.to(device)).logits.float().cpu()
+    try:
+        # no cache: one full forward needs none, and transformers' cache cannot report a sequence length for a
+        # model whose layers are all linear attention (its forward raises instead)
+        logits = model(tokens.to(device), use_cache=False).logits.float().cpu()
+    except Exception as e:  # noqa: BLE001 - a failed forward is bad input (exit 2), not a logit mismatch (exit 1)
+        raise ToolError(f"{hf_dir}: the transformers forward failed ({type(e).__name__}: {e})") from None
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return logits
+
+
+def megatron_forward(chunks, tokens: torch.Tensor, ckpt) -> torch.Tensor:
+    """`megatron_logits`, with a failure raised as a ToolError naming the checkpoint: `run_ranks` reports a rank's
+    last traceback line, which alone would not say which side of the comparison failed."""
+    from .forward import megatron_logits
+
+    try:
+        return megatron_logits(chunks, tokens)
+    except Exception as e:  # noqa: BLE001 - megatron raises many kinds
+        raise ToolError(f"{ckpt}: the Megatron forward failed ({type(e).__name__}: {e})") from None
 
 
 def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path, compute_dtype):
@@ -190,8 +206,6 @@ def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path, compute_dtype
     from megatron_rl.checkpoint import load_checkpoint
     from megatron_rl.models import BuildOptions, build_model
     from megatron_rl.parallel import init_parallel
-
-    from .forward import megatron_logits
 
     limit_threads(tp * pp)
     init_parallel(tp, pp)
@@ -204,6 +218,6 @@ def _verify_rank(ckpt_root, iteration, tp, pp, tok_path, out_path, compute_dtype
     load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
     for c in chunks:
         c.eval()
-    logits = megatron_logits(chunks, torch.load(tok_path))
+    logits = megatron_forward(chunks, torch.load(tok_path), ckpt)
     if dist.get_rank() == 0:
         torch.save(logits.cpu(), out_path)

@@ -6,7 +6,8 @@ Layout (Megatron-LM compatible)::
     <root>/iter_0000123/                          dist-ckpt files (torch_dist: *.distcp, .metadata, metadata.json)
     <root>/iter_0000123/meta.json                 HF config, tp/pp/vpp/world at save, bridge name, contents
     <root>/iter_0000123/extra/rank_00000.pt       the trainer's opaque `extra` dict, one file per rank
-    <root>/iter_0000123/hf_assets/                config/tokenizer/generation files (optional)
+    <root>/iter_0000123/hf_assets/                config/tokenizer/generation files, passthrough tensors and
+                                                  the source release's layout (optional)
 
 Why this shape:
 - Weights are stored as global tensors, so a checkpoint saved at one TP/PP reloads at another.
@@ -42,11 +43,15 @@ HF_ASSETS_DIR = "hf_assets"
 DIST_CKPT_MARKER = "metadata.json"  # written by dist_checkpointing.save
 FORMAT_VERSION = 1
 
-#: HF files worth carrying with a checkpoint so it can be exported as an HF release.
+#: HF files worth carrying with a checkpoint so it can be exported as an HF release: the side files of a Qwen3 /
+#: Qwen3.5 / Qwen3-VL hub repo, under transformers' names (CONFIG_NAME, GENERATION_CONFIG_NAME, the tokenizer's
+#: files, CHAT_TEMPLATE_FILE and its legacy .json, and the multimodal processor's IMAGE_PROCESSOR_NAME,
+#: VIDEO_PROCESSOR_NAME and PROCESSOR_NAME, without which the exported release loads no AutoProcessor).
 HF_ASSET_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-    "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+    "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "video_preprocessor_config.json",
+    "processor_config.json",
 )
 
 
@@ -324,8 +329,9 @@ def _raise_if_any(msg: str) -> None:
 
 
 def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> list[str]:
-    """Copy the HF config/tokenizer/generation files that exist in `src_dir`, and the tensors of its checkpoint
-    the Megatron model does not hold (`megatron_rl.bridge.hf_dir.save_passthrough`); returns their names."""
+    """Copy the HF config/tokenizer/generation files that exist in `src_dir`, the tensors of its checkpoint
+    the Megatron model does not hold (`megatron_rl.bridge.hf_dir.save_passthrough`) and what an export needs to
+    reproduce the release (the source dtypes of fp32-kept tensors, the weights' file layout); returns their names."""
     src, dst = Path(src_dir), Path(dst_dir)
     dst.mkdir(parents=True, exist_ok=True)
     copied = []
@@ -334,13 +340,15 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
             shutil.copy2(src / name, dst / name)
             copied.append(name)
     if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
-        from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, save_fp32_source_dtypes,
-                                               save_passthrough)
+        from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, SOURCE_LAYOUT_FILE,
+                                               save_fp32_source_dtypes, save_passthrough, save_source_layout)
 
         if save_passthrough(src, dst):  # tensors the model does not hold (a vision tower), for the export
             copied.append(PASSTHROUGH_FILE)
         if save_fp32_source_dtypes(src, dst):  # the dtype a release stored A_log in, for the export
             copied.append(FP32_SOURCE_DTYPES_FILE)
+        save_source_layout(src, dst)  # one model.safetensors or shards, for the export
+        copied.append(SOURCE_LAYOUT_FILE)
     return copied
 
 

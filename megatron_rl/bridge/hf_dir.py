@@ -14,7 +14,7 @@ import torch
 
 from megatron_rl.fsutil import write_text_atomic
 
-from .hf_state import HFCheckpointError, LazyHFState
+from .hf_state import SINGLE_NAME, HFCheckpointError, LazyHFState
 from .registry import bridge_names, get_bridge
 
 
@@ -35,9 +35,11 @@ def load_hf_config(hf_dir: str | os.PathLike):
         raise HFCheckpointError(f"{path}: has no 'model_type'")
     check_model_type(raw["model_type"], path)
     try:
-        return AutoConfig.from_pretrained(str(hf_dir))
+        cfg = AutoConfig.from_pretrained(str(hf_dir))
     except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/OSError
         raise HFCheckpointError(f"{path}: transformers cannot read it ({type(e).__name__}: {e})") from None
+    check_architectures(cfg, path)
+    return cfg
 
 
 def check_model_type(model_type, where) -> None:
@@ -46,6 +48,20 @@ def check_model_type(model_type, where) -> None:
     if model_type not in bridge_names():
         raise HFCheckpointError(f"{where}: model_type={model_type!r} is not supported; "
                                 f"supported: {bridge_names()}")
+
+
+def check_architectures(hf_config, where) -> None:
+    """Refuse ``architectures`` naming another class than the one the bridge exports for this ``model_type``
+    (``LlamaForCausalLM`` on a qwen3 config). transformers' Auto classes go by model_type and ignore the field,
+    but serving engines (vLLM, SGLang) pick the model class by it, and an export copies it: a mismatch would pass
+    every check here and break the release. No ``architectures`` is fine (an export writes the bridge's)."""
+    archs = getattr(hf_config, "architectures", None)
+    if not archs:
+        return
+    expected = list(get_bridge(hf_config).hf_architectures)
+    if isinstance(archs, str) or any(a not in expected for a in archs):
+        raise HFCheckpointError(f"{where}: architectures={archs!r} does not match "
+                                f"model_type={hf_config.model_type!r}; expected {expected}")
 
 
 def _tie_flag_hint(cfg, missing: list[str]) -> str:
@@ -171,3 +187,33 @@ def load_passthrough(assets_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
         raise HFCheckpointError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+#: file in a checkpoint's HF assets recording how the source checkpoint stored its weights, so an export
+#: reproduces the layout it was given: ``{"single_file": true}`` for one ``model.safetensors`` without an index
+SOURCE_LAYOUT_FILE = "source_layout.json"
+
+
+def save_source_layout(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict:
+    """Record `hf_dir`'s weights layout in ``dst_dir/SOURCE_LAYOUT_FILE``; returns it. Single file means what
+    transformers (and `LazyHFState`) read is ``model.safetensors`` alone."""
+    layout = {"single_file": LazyHFState(hf_dir).files == [SINGLE_NAME]}
+    dst = Path(dst_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(dst / SOURCE_LAYOUT_FILE, json.dumps(layout, sort_keys=True) + "\n")
+    return layout
+
+
+def load_source_layout(assets_dir: str | os.PathLike) -> dict:
+    """What `save_source_layout` recorded in `assets_dir`; ``{"single_file": False}`` (shards and an index, the
+    layout of exports before it was recorded) when nothing was."""
+    path = Path(assets_dir) / SOURCE_LAYOUT_FILE
+    if not path.is_file():
+        return {"single_file": False}
+    try:
+        layout = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(layout, dict) or not isinstance(layout.get("single_file"), bool):
+        raise HFCheckpointError(f"{path}: expected an object with a boolean 'single_file'")
+    return layout

@@ -87,6 +87,11 @@ class LazyHFState:
     def keys(self):
         return self._where.keys()
 
+    @property
+    def files(self) -> list[str]:
+        """The safetensors files read, in order (``[SINGLE_NAME]`` for an unsharded checkpoint)."""
+        return list(self._handles)
+
     def __contains__(self, name: str) -> bool:
         return name in self._where
 

@@ -54,6 +54,55 @@ def test_multimodal_release_round_trips_bitwise_and_verifies(release, tmp_path, 
     assert report["ok"] and report["max_abs_logit_diff"] < 1e-4
 
 
+@pytest.mark.slow
+def test_all_linear_single_file_release_round_trips_unsharded_and_verifies(tmp_path, capsys):
+    """Every layer linear attention (transformers' cached forward raises on it, so `verify` runs uncached), in one
+    model.safetensors without an index: the export is one model.safetensors again, bitwise, with the processor's
+    side files, and verifies at another layout."""
+    hf_dir, mcore, out = tmp_path / "hf", tmp_path / "mcore", tmp_path / "release"
+    tiny_model(tiny_config(layers=2, layer_types=["linear_attention"] * 2), seed=4).save_pretrained(hf_dir)
+    assert sorted(p.name for p in hf_dir.glob("model*")) == ["model.safetensors"]
+    side = {"processor_config.json": '{"processor_class": "Qwen3VLProcessor"}',
+            "video_preprocessor_config.json": '{"fps": 2}'}
+    for name, text in side.items():
+        (hf_dir / name).write_text(text)
+    assert main(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(mcore), "--tp", "2", "--no-progress"]) == 0
+    assert main(["mcore-to-hf", "--ckpt", str(mcore), "--out", str(out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
+    want, got = read_weights(hf_dir), read_weights(out)
+    assert sorted(got) == sorted(want) and all(torch.equal(got[n], t) for n, t in want.items())
+    for name, text in side.items():
+        assert (out / name).read_text() == text, name
+    capsys.readouterr()
+    assert main(["verify", "--hf", str(hf_dir), "--ckpt", str(mcore), "--pp", "2"]) == 0
+    report = json.loads([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")][-1])
+    assert report["ok"] and report["max_abs_logit_diff"] < 1e-4
+
+
+@pytest.mark.parametrize("multimodal,architectures,ok", [
+    (True, ["Qwen3_5ForConditionalGeneration"], True),
+    (True, None, True),
+    (False, ["Qwen3_5ForCausalLM"], True),
+    (True, ["Qwen3_5ForCausalLM"], False),
+    (False, ["Qwen3_5ForConditionalGeneration"], False),
+    (False, ["Qwen3ForCausalLM"], False),
+])
+def test_architectures_must_be_the_class_of_the_model_type(tmp_path, multimodal, architectures, ok):
+    from megatron_rl.bridge import HFCheckpointError
+    from megatron_rl.bridge.hf_dir import load_hf_config
+
+    cfg = multimodal_config(tiny_config()) if multimodal else tiny_config()
+    cfg.architectures = architectures
+    cfg.save_pretrained(tmp_path)
+    if ok:
+        assert load_hf_config(tmp_path).architectures == architectures
+        return
+    expected = "Qwen3_5ForConditionalGeneration" if multimodal else "Qwen3_5ForCausalLM"
+    with pytest.raises(HFCheckpointError, match=rf"config.json: architectures=\['{architectures[0]}'\] does not match "
+                                                rf"model_type='{cfg.model_type}'; expected \['{expected}'\]"):
+        load_hf_config(tmp_path)
+
+
 @pytest.mark.parametrize("edit,field", [
     (lambda t: t.update(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
      "sliding_attention"),

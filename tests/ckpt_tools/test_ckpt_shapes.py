@@ -87,6 +87,16 @@ BROKEN = {
                                                                                  "rope_theta": 1e4})),
                   [], ["rope_parameters", "linear"]),
     "vpp": (lambda d: None, ["--pp", "2", "--vpp", "2"], ["num_hidden_layers=2", "vpp=2"]),
+    # no Megatron params dtype: refused naming the file, the dtype, the supported ones and the way out
+    "float64": (lambda d: _edit_weights(d, lambda t: t.update({n: w.double() for n, w in t.items()})), [],
+                ["model.safetensors", "weights are float64", "float32, bfloat16, float16", "--dtype float32"]),
+    # serving engines pick the class by `architectures`; an export would copy the wrong one
+    "llama_architectures": (lambda d: _edit_config(d, lambda c: c.update(architectures=["LlamaForCausalLM"])), [],
+                            ["config.json", "architectures=['LlamaForCausalLM']", "model_type='qwen3'",
+                             "expected ['Qwen3ForCausalLM']"]),
+    "vl_architectures": (lambda d: _edit_config(d, lambda c: c.update(
+        architectures=["Qwen3_5ForConditionalGeneration"])), [],
+                         ["architectures=['Qwen3_5ForConditionalGeneration']", "expected ['Qwen3ForCausalLM']"]),
 }
 
 
@@ -120,6 +130,86 @@ def test_a_failure_inside_the_staged_output_leaves_nothing(tmp_path):
         with staged_output(keep):
             pass
     assert os.listdir(keep) == ["mine.txt"] and sorted(os.listdir(tmp_path)) == ["keep"]
+
+
+def test_single_file_source_layout_is_recorded_and_written_back(single_file, hf_v4, tmp_path):
+    """An export reproduces the layout it was given: one model.safetensors without an index when the source was
+    one and everything fits one file; shards and an index otherwise (and for checkpoints that recorded nothing)."""
+    from ckpt_tools.hf_io import ShardedSafetensorsWriter
+    from megatron_rl.bridge import HFCheckpointError
+    from megatron_rl.bridge.hf_dir import SOURCE_LAYOUT_FILE, load_source_layout
+    from megatron_rl.checkpoint import copy_hf_assets
+
+    for src, single in ((single_file, True), (hf_v4, False)):
+        assets = tmp_path / f"assets_{src.name}"
+        assert SOURCE_LAYOUT_FILE in copy_hf_assets(src, assets)
+        assert load_source_layout(assets) == {"single_file": single}
+    assert load_source_layout(tmp_path / "nothing_recorded") == {"single_file": False}
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / SOURCE_LAYOUT_FILE).write_text('{"single_file": "yes"}')
+    with pytest.raises(HFCheckpointError, match="single_file"):
+        load_source_layout(tmp_path / "bad")
+
+    tensors = read_weights(single_file)
+    for name, max_bytes, single in (("one", 10**9, True), ("many", 20_000, True), ("sharded", 10**9, False)):
+        writer = ShardedSafetensorsWriter(tmp_path / name, max_bytes, single_file=single)
+        writer.add_all(tensors.items())
+        files = writer.close()
+        if name == "one":
+            assert files == ["model.safetensors"] and os.listdir(tmp_path / name) == ["model.safetensors"]
+        else:  # does not fit one file, or the source was sharded: shards + index
+            assert files[0].startswith("model-00001-of-") and (tmp_path / name / "model.safetensors.index.json").exists()
+        back = read_weights(tmp_path / name)
+        assert sorted(back) == sorted(tensors) and all(torch.equal(back[n], t) for n, t in tensors.items())
+
+
+def test_processor_side_files_travel_to_the_export(tmp_path):
+    """A Qwen3.5 / Qwen3-VL hub repo's side files go into the checkpoint's assets and out again on export."""
+    from ckpt_tools.hf_io import copy_assets
+    from megatron_rl.checkpoint import copy_hf_assets
+
+    src, assets, out = tmp_path / "src", tmp_path / "assets", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    side = ["generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+            "chat_template.jinja", "preprocessor_config.json", "video_preprocessor_config.json",
+            "processor_config.json"]
+    for name in side + ["config.json"]:
+        (src / name).write_text(f'{{"name": "{name}"}}')
+    copy_hf_assets(src, assets)
+    assert sorted(copy_assets(assets, out)) == sorted(side)   # config.json is regenerated, never copied
+    for name in side:
+        assert (out / name).read_text() == (src / name).read_text(), name
+
+
+def test_a_failing_forward_is_bad_input_naming_its_side(single_file):
+    """Either side's forward failing is exit 2 naming the model, not a raw traceback (exit 1 means 'logits
+    differ')."""
+    from ckpt_tools.ranks import ToolError
+    from ckpt_tools.verify import hf_forward, megatron_forward
+
+    out_of_vocab = torch.full((1, 4), 10_000)
+    with pytest.raises(ToolError, match="the transformers forward failed") as err:
+        hf_forward(str(single_file), out_of_vocab, torch.float32)
+    assert str(single_file) in str(err.value)
+    with pytest.raises(ToolError, match=r"^/ckpt/iter_0000000: the Megatron forward failed"):
+        megatron_forward([], out_of_vocab, "/ckpt/iter_0000000")
+
+
+def test_a_rank_tool_error_reaches_the_cli_without_its_class_name(monkeypatch):
+    import megatron_rl.parallel as parallel
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    from ckpt_tools.ranks import ToolError, run_ranks
+
+    def failing(*_args, **_kw):
+        raise ProcessRaisedException("Traceback (most recent call last):\n  ...\nckpt_tools.ranks.ToolError: "
+                                     "/ckpt: the Megatron forward failed (ValueError: x)", 0, 1)
+
+    monkeypatch.setattr(parallel, "spawn", failing)
+    with pytest.raises(ToolError) as err:
+        run_ranks(None, 1)
+    assert str(err.value) == "/ckpt: the Megatron forward failed (ValueError: x)"
 
 
 def test_weights_decide_the_dtype_not_a_disagreeing_config(single_file, capsys):

@@ -102,6 +102,21 @@ def test_mcore_to_hf_is_a_bitwise_hf_release(mcore_dir, hf_dir, tmp_path):
         assert torch.equal(reloaded(ids).logits, ref(ids).logits)
 
 
+@pytest.mark.slow
+def test_mcore_to_hf_refuses_stored_architectures_of_another_model(mcore_dir, tmp_path, capsys):
+    """A checkpoint converted before `architectures` were checked must not carry a wrong class into a release."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(mcore_dir, ckpt)
+    meta_path = ckpt / "iter_0000000" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["hf_config"]["architectures"] = ["LlamaForCausalLM"]
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "o" / "hf"
+    _assert_failed_cleanly(main(["mcore-to-hf", "--ckpt", str(ckpt), "--out", str(out), "--no-progress"]), capsys,
+                           str(out), f"{meta_path}: hf_config: architectures=['LlamaForCausalLM']",
+                           "expected ['Qwen3ForCausalLM']")
+
+
 def _assert_failed_cleanly(rc, capsys, out, *needles):
     err = capsys.readouterr().err
     assert rc == 2, err
