@@ -36,11 +36,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_synth.compact import STYLES, supported_ops
+from data_synth.compact import STYLES, compact_answer, supported_ops
 from data_synth.decontam import Decontaminator, Reference
 from data_synth.generate import GenConfig
 from data_synth.pipeline import generate_task_set
 from data_synth.taskset import read_task_set, write_task_set
+from data_synth.teacher import Unsupported
+from data_synth.util import atomic_write_jsonl
+from data_synth.variants import variant_rows
 from data_synth.validate import ValidationConfig
 from megatron_rl.config import REPO_ROOT, ConfigError, abs_path
 from megatron_rl.evaluate import table_rows
@@ -61,6 +64,11 @@ class RecipeConfig:
     heldout_single: int = 8            # held-out stage-1 tasks (unseen shapes)
     heldout_compositions: int = 8      # held-out stage-2 tasks (compositions not in training)
     heldout_seed: int = 1000
+    # > 0: about this many more tasks per training task, each of an op sequence training has at other shapes, and
+    # an SFT row for each that repeats the verified answer of its op sequence (data_synth.variants): with one
+    # prompt per answer the tiny model memorises the prompts instead of reading the op (recipe_cpu.md, session 32)
+    prompt_variants: int = 0
+    variant_seed: int = 7919
     validate: bool = True              # run every reference (torch.compile check off: compile_fraction 0)
     # stages
     sft_config: str = "configs/sft_tiny.yaml"
@@ -128,6 +136,8 @@ def load_recipe_config(path: str | None, overrides: list[str]) -> RecipeConfig:
     for name in ("train_single", "heldout_single", "eval_samples", "rft_samples", "rft_targets"):
         if getattr(cfg, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.prompt_variants < 0:
+        problems.append(f"prompt_variants must be >= 0, got {cfg.prompt_variants}")
     if cfg.tokenizer_merge_within not in MERGE_WITHIN:
         problems.append(f"tokenizer_merge_within must be one of {MERGE_WITHIN}, got {cfg.tokenizer_merge_within!r}")
     if cfg.tokenizer_vocab and cfg.tokenizer_vocab < MIN_BPE_VOCAB:
@@ -181,20 +191,22 @@ class Recipe:
                 str(timing_trials or c.verifier_timing_trials), "--compile-workers", str(c.compile_workers)]
 
     # ---- stages
-    def tasks(self) -> tuple[Path, Path, dict[str, Any]]:
-        """Training tasks (stage 1 + stage-2 compositions) and held-out tasks (another seed, decontaminated
-        against the training set and KernelBench), each merged into one task set."""
+    def tasks(self) -> tuple[Path, Path, Path | None, dict[str, Any]]:
+        """Training tasks (stage 1 + stage-2 compositions), held-out tasks (another seed, decontaminated against
+        the training set and KernelBench), each merged into one task set, and the prompt variants' task set (None
+        without ``prompt_variants``)."""
         c = self.cfg
         t0 = time.perf_counter()
         kb = Reference.load_index()
         validation = ValidationConfig(compile_fraction=0.0) if c.validate else None
         common = dict(families=("elementwise",), dtypes={"float32": 1.0}, ops=tuple(c.ops), min_ops=2, max_ops=2)
 
-        def gen(stage: int, n: int, seed: int, refs: list) -> list:
+        def gen(stage: int, n: int, seed: int, refs: list, validate: bool = True) -> list:
             if n <= 0:
                 return []
             tasks, records = generate_task_set(GenConfig(stage=stage, n=n, seed=seed, **common),
-                                               validation=validation, decontam=Decontaminator(refs), progress=False)
+                                               validation=validation if validate else None,
+                                               decontam=Decontaminator(refs), progress=False)
             skipped = [r for r in records if r.status == "skipped"]
             for r in skipped:
                 print(f"[recipe] generate stage {stage}: skipped {r.task_id}: {r.check}: {r.reason}", flush=True)
@@ -221,15 +233,45 @@ class Recipe:
                               info={"command": "recipe", "part": "train", "ops": c.ops})
         hdir = write_task_set(held, str(self.root / "tasks" / "heldout"), force=True,
                               info={"command": "recipe", "part": "heldout", "ops": c.ops})
+        variants: list = []
+        if c.prompt_variants:
+            # other tasks of the training op sequences (so never a held-out composition), none a copy of a
+            # training or held-out task; not validated: no reference of theirs is ever run, they are prompts for
+            # answers verified on the training tasks
+            refs = [kb, train_ref, Reference.from_sources("heldout", [(t.task_id, t.source) for t in held])]
+            for stage, n in ((1, c.train_single), (2, c.train_compositions)):
+                variants += [t for t in gen(stage, c.prompt_variants * n, c.variant_seed + stage, refs, False)
+                             if tuple(t.ops) in seen_chains]
+        vdir = write_task_set(variants, str(self.root / "tasks" / "variants"), force=True,
+                              info={"command": "recipe", "part": "prompt variants"}) if variants else None
         self.seconds["tasks"] = round(time.perf_counter() - t0, 1)
         info = {"train": len(train), "train_single": sum(t.stage == 1 for t in train),
                 "train_compositions": sum(t.stage == 2 for t in train), "heldout": len(held),
                 "heldout_single": sum(t.stage == 1 for t in held), "heldout_compositions": sum(t.stage == 2 for t in held),
-                "heldout_ops_unseen_in_training": unknown}
+                "heldout_ops_unseen_in_training": unknown, "prompt_variants": len(variants)}
         if unknown:
             print(f"[recipe] warning: held-out ops never seen in training: {unknown}", flush=True)
         print(f"[recipe] tasks: {info}", flush=True)
-        return Path(tdir), Path(hdir), info
+        return Path(tdir), Path(hdir), Path(vdir) if vdir else None, info
+
+    def variant_rows(self, teacher_rows: Path, variants: Path, out: Path) -> dict[str, Any]:
+        """SFT rows of the prompt variants, each repeating the verified teacher answer of its op sequence."""
+        c = self.cfg
+
+        def answer(task) -> str | None:
+            try:
+                return compact_answer(task, "cpu", c.seed, c.compact_styles).response
+            except Unsupported:
+                return None
+
+        with open(teacher_rows, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        tasks = read_task_set(str(variants))
+        made, skipped = variant_rows(rows, tasks, answer, "cpu")
+        atomic_write_jsonl(str(out), made)
+        info = {"tasks": len(tasks), "rows": len(made), "skipped": skipped}
+        print(f"[recipe] prompt variants: {info}", flush=True)
+        return info
 
     def evaluate(self, stage: str, model: str, heldout: Path) -> dict[str, Any]:
         c = self.cfg
@@ -304,7 +346,7 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
     root = rc.root
     root.mkdir(parents=True, exist_ok=True)
     (root / "recipe_config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    train, heldout, tasks_info = rc.tasks()
+    train, heldout, variants, tasks_info = rc.tasks()
     data = root / "data"
     data.mkdir(exist_ok=True)
     teacher = rc.run("teacher", ["-m", "data_synth", "--no-progress", "distill", "--tasks", str(train), "--offline",
@@ -316,14 +358,20 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
         raise StageFailed(f"the teacher wrote no verified row: {teacher}")
     summaries: dict[str, dict] = {}
     exports: dict[str, str] = {}
+    sft_data = [data / "sft.jsonl"]
+    variants_info = None
+    if variants is not None:
+        variants_info = rc.variant_rows(data / "sft.jsonl", variants, data / "variants.jsonl")
+        sft_data.append(data / "variants.jsonl")
     sft_overrides = list(cfg.sft)
     tokenizer_info = None
     if cfg.tokenizer_vocab:
-        tokenizer_info = rc.run("tokenizer", ["-m", "megatron_rl.tokenizer", "train", "--data", str(data / "sft.jsonl"),
+        tokenizer_info = rc.run("tokenizer", ["-m", "megatron_rl.tokenizer", "train",
+                                              *[a for d in sft_data for a in ("--data", str(d))],
                                               "--vocab-size", str(cfg.tokenizer_vocab), "--merge-within",
                                               cfg.tokenizer_merge_within, "--out", str(root / "tokenizer")])
         sft_overrides.insert(0, f"model.tokenizer={tokenizer_info['tokenizer']}")
-    exports["sft"] = rc.sft("sft", [data / "sft.jsonl"], None, sft_overrides)
+    exports["sft"] = rc.sft("sft", sft_data, None, sft_overrides)
     exports["init"] = str(root / "sft" / "model")    # the random init the SFT run started from
     summaries["init"] = rc.evaluate("init", exports["init"], heldout)
     summaries["sft"] = rc.evaluate("sft", exports["sft"], heldout)
@@ -368,6 +416,7 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "tasks": tasks_info, "eval_samples": n, "eval_turns": cfg.eval_turns,
               "eval_temperature": cfg.eval_temperature, "tokenizer": tokenizer_info, "teacher": {k: teacher.get(k) for k in
                                                                    ("tasks", "rows_written", "categories")},
+              "prompt_variants": variants_info,
               "rft": rft_info and {k: rft_info.get(k) for k in ("samples", "verified", "targets",
                                                                  "clusters_per_prompt_before",
                                                                  "clusters_per_prompt_after")},

@@ -42,6 +42,14 @@ def test_reduced_recipe_orders_the_stages(tmp_path):
     assert rl_eval["model"] == final and rl_eval["scored_tasks"] == 2
     rft = result["rft"]
     assert rft["targets"] >= 1 and rft["clusters_per_prompt_before"] >= rft["clusters_per_prompt_after"] >= 1
+    # each prompt variant repeats a verified teacher answer, and SFT trained on them with the teacher's rows
+    variants = result["prompt_variants"]
+    assert variants["rows"] >= 1 and variants["rows"] + sum(variants["skipped"].values()) == variants["tasks"]
+    teacher_answers = {json.loads(r)["sample_id"] for r in (work / "data" / "sft.jsonl").read_text().splitlines()}
+    assert all(json.loads(r)["verified_on"] in teacher_answers
+               for r in (work / "data" / "variants.jsonl").read_text().splitlines())
+    sft_files = json.loads((work / "sft" / "summary.json").read_text())["data"]["files"]
+    assert sft_files == {str(work / "data" / "sft.jsonl"): 6, str(work / "data" / "variants.jsonl"): variants["rows"]}
     table = (work / "recipe.md").read_text()
     assert all(f"| {s} | L1 |" in table for s in st)
 
@@ -55,3 +63,5 @@ def test_recipe_config_names_a_bad_tokenizer_setting():
         load_recipe_config(None, ["tokenizer_vocab=100"])
     with pytest.raises(ConfigError, match="tokenizer_merge_within"):
         load_recipe_config(None, ["tokenizer_vocab=2048", "tokenizer_merge_within=sentences"])
+    with pytest.raises(ConfigError, match="prompt_variants must be >= 0"):
+        load_recipe_config(None, ["prompt_variants=-1"])
