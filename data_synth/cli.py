@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write every verdict in the verifier's row format (input to diagnose)")
     s.add_argument("--cache", default=None, metavar="DIR", help="verifier build cache")
     s.add_argument("--compile-workers", type=int, default=None)
+    s.add_argument("--device-workers", type=int, default=None, metavar="N", help=DEVICE_WORKERS_HELP)
     s.add_argument("--timing-trials", type=int, default=None)
     s.add_argument("--trials", type=int, default=None)
     s.add_argument("--size-profile", default=None, help="verify at this manifest size profile (e.g. gpu)")
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cache", default=None, metavar="DIR", help="verifier build cache")
     r.add_argument("--result-cache", default=None, metavar="FILE.sqlite", help="verifier verdict cache")
     r.add_argument("--compile-workers", type=int, default=None)
+    r.add_argument("--device-workers", type=int, default=None, metavar="N", help=DEVICE_WORKERS_HELP)
     r.add_argument("--timing-trials", type=int, default=None)
     r.add_argument("--trials", type=int, default=None)
     r.add_argument("--engine-threads", type=int, default=None, help="torch threads of the embedded engine (CPU)")
@@ -273,6 +275,20 @@ def cmd_diagnose(args: argparse.Namespace) -> dict[str, Any]:
             "families": {f: s.to_dict() for f, s in report.families.items()}}
 
 
+DEVICE_WORKERS_HELP = ("verifier execution workers in all (default: one per GPU times the farm's workers_per_device; one "
+                       "on the cpu backend, where two finish a batch of checks ~30%% sooner on two cores: one's "
+                       "sandboxed child starts while the other's runs; timing still holds the device alone)")
+
+
+def _device_workers(args: argparse.Namespace) -> dict[str, Any]:
+    """FarmConfig fields from ``--device-workers``."""
+    if args.device_workers is None:
+        return {}
+    if args.device_workers < 1:
+        raise DataSynthError(f"--device-workers must be >= 1, got {args.device_workers}")
+    return {"device_workers": args.device_workers}
+
+
 def cmd_distill(args: argparse.Namespace) -> dict[str, Any]:
     cfg = DistillConfig(endpoint=args.endpoint, offline=args.offline, api=args.api, model=args.model,
                         tokenizer=args.tokenizer, backend=args.backend, samples=args.samples, turns=args.turns,
@@ -280,7 +296,8 @@ def cmd_distill(args: argparse.Namespace) -> dict[str, Any]:
                         concurrency=args.concurrency, seed=args.seed, keep=args.keep, cache_dir=args.cache,
                         compile_workers=args.compile_workers, timing_trials=args.timing_trials,
                         trials=args.trials, size_profile=args.size_profile, precision=args.precision,
-                        style=args.style, compact_styles=_csv(args.compact_styles) or ())
+                        style=args.style, compact_styles=_csv(args.compact_styles) or (),
+                        farm=_device_workers(args))
     summary = distill(read_task_set(args.tasks), args.out, cfg, verdicts_path=args.verdicts,
                       progress=not args.no_progress)
     return summary.to_dict()
@@ -294,6 +311,7 @@ def cmd_rft(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer = args.model if args.model and os.path.isfile(os.path.join(args.model, "tokenizer.json")) \
             else "qwen3-offline"
     extra = {"result_cache_path": args.result_cache} if args.result_cache else {}
+    extra.update(_device_workers(args))
     # with --model the endpoint is the embedded engine's, known once it runs (run_rft sets it)
     dcfg = DistillConfig(endpoint=args.endpoint or "http://127.0.0.1:0", api="sglang" if args.model else "auto",
                          tokenizer=tokenizer, backend=args.backend, samples=args.samples, turns=args.turns,

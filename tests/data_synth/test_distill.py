@@ -31,6 +31,23 @@ def test_unreachable_endpoint_is_a_clear_error_and_writes_nothing(tmp_path, teac
         DistillConfig(endpoint="ftp://host/x")
 
 
+def test_device_workers_reach_the_farm_and_a_bad_count_is_named(tmp_path, teacher_set, capsys, monkeypatch):
+    folder, _ = teacher_set
+    seen = {}
+
+    def fake_distill(tasks, out, cfg, **_):
+        seen["farm"] = cfg.farm
+        raise DataSynthError("stop here")
+    monkeypatch.setattr(cli, "distill", fake_distill)
+    out = str(tmp_path / "rows.jsonl")
+    assert cli.main(["--no-progress", "distill", "--tasks", folder, "--out", out, "--offline",
+                     "--device-workers", "2"]) == 2
+    assert seen["farm"] == {"device_workers": 2}
+    assert cli.main(["--no-progress", "distill", "--tasks", folder, "--out", out, "--offline",
+                     "--device-workers", "0"]) == 2
+    assert "--device-workers must be >= 1, got 0" in capsys.readouterr().err
+
+
 def test_openai_endpoint_multi_turn_repair_gives_a_final_turn_row(tmp_path, teacher_set, build_cache):
     """Turn 1 answers without code (format_error); turn 2, shown the verifier's feedback, answers correctly."""
     folder, tasks = teacher_set
