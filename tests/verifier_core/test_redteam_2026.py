@@ -475,8 +475,9 @@ def test_the_childs_safetensors_writer_round_trips_through_a_memfd():
         os.close(fd)
 
 
-def _probe(task_name, candidate):
-    """The parent's precision probe on one trial, with ``candidate(inputs)`` standing for the child's output."""
+def _probe(task_name, candidate, seed=None):
+    """The parent's precision probe on one trial (inputs of ``seed``, else a random one), with ``candidate(inputs)``
+    standing for the child's output."""
     import secrets
 
     import torch
@@ -489,7 +490,7 @@ def _probe(task_name, candidate):
     stage.cfg, stage.details, stage.work = VerifierConfig(), {}, None
     stage.backend, stage.device = get_backend("cpu"), torch.device("cpu")
     stage.module = load_task_module(load_task(task_path(task_name)))
-    seed = secrets.randbits(63)
+    seed = secrets.randbits(63) if seed is None else seed
     ref_model = build_model(stage.module.Model, [], seed, stage.device, "float32")
     args = make_inputs(stage.module, seed, stage.device, "float32")
     with torch.no_grad():
@@ -526,7 +527,9 @@ def test_the_precision_probe_does_not_call_float32_accumulation_a_downgrade():
     def sequential(a, dtype=torch.float32):   # one float32 accumulator, as a plain C++ loop sums
         d = (a[0].to(dtype).float() - a[1].to(dtype).float()).reshape(-1)
         return torch.tensor(np.add.accumulate((d * d).numpy(), dtype=np.float32)[-1] / d.numel())
-    finding, details = _probe("mse", sequential)
+    # fixed inputs: on some, rounding them to float16 does not move the float32 MSE by even one ulp, and then no
+    # ratio to that rounding exists to call anything a downgrade (the case below needs one)
+    finding, details = _probe("mse", sequential, seed=20261205)
     assert finding is None, details
     # its error is far above float16 rounding's: the error's size alone called it a downgrade
     assert details["rms_ratio_to_fp16_rounding"] > 1 and details["rms_ratio_to_fp32_reference"] > 32, details
