@@ -42,7 +42,7 @@ from data_synth.generate import GenConfig
 from data_synth.pipeline import generate_task_set
 from data_synth.taskset import read_task_set, write_task_set
 from data_synth.teacher import Unsupported
-from data_synth.util import atomic_write_jsonl
+from data_synth.util import atomic_write_jsonl, read_jsonl
 from data_synth.variants import variant_rows
 from data_synth.validate import ValidationConfig
 from megatron_rl.config import REPO_ROOT, ConfigError, abs_path
@@ -270,10 +270,8 @@ class Recipe:
             except Unsupported:
                 return None
 
-        with open(teacher_rows, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
         tasks = read_task_set(str(variants))
-        made, skipped = variant_rows(rows, tasks, answer, "cpu")
+        made, skipped = variant_rows(read_jsonl(str(teacher_rows), "teacher rows"), tasks, answer, "cpu")
         atomic_write_jsonl(str(out), made)
         info = {"tasks": len(tasks), "rows": len(made), "skipped": skipped}
         print(f"[recipe] prompt variants: {info}", flush=True)
