@@ -11,7 +11,8 @@ EngineClient. Side by side in the same run:
 * each decode path named in ``--decode`` (``slots``: preallocated slots + CUDA graphs, flash varlen decode
   attention in bf16; ``+sdpa``: the same with SDPA under a boolean mask over every slot's whole width, the
   attention it had before; ``+eager``: norm and MLP blocks not compiled (`compile_blocks` off); ``+compile``:
-  torch.compile over the whole step instead of the blocks; ``dynamic``: the
+  torch.compile over the whole step instead of the blocks; ``+sync``: each step's tokens read back before the
+  next step is launched (`overlap_decode` off, the engine before 2026-12-05); ``dynamic``: the
   DynamicCache path this engine had before),
   the dynamic one only at ``--dynamic-levels`` (it is slow);
 * transformers' own ``generate`` on the same model with ``cache_implementation="static"`` (which compiles the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -157,6 +159,7 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
                                                         decode=path, compile_decode="compile" in variants,
                                                         compile_blocks=path == "slots" and "eager" not in variants,
                                                         cuda_graphs=not args.no_cuda_graphs,
+                                                        overlap_decode="sync" not in variants,
                                                         kv_cache_fraction=args.kv_cache_fraction))
     if "sdpa" in variants:   # the decode attention before flash varlen, for the comparison
         engine._slots.flash, engine._slots.flash_reason = False, "turned off by the benchmark (slots+sdpa)"
@@ -180,9 +183,16 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
             for n in levels:
                 if acc is not None:
                     acc.update({k: 0 if isinstance(v, int) else 0.0 for k, v in acc.items()})
+                before = dataclasses.asdict(engine.stats)
                 secs, toks = await _wave(client, n, args.prompt_len, args.new_tokens, cfg["vocab_size"], 1)
+                st = {k: v - before[k] for k, v in dataclasses.asdict(engine.stats).items()}
                 level = {"concurrency": n, "seconds": round(secs, 3), "generated_tokens": toks,
-                         "tokens_per_s": round(toks / secs, 1)}
+                         "tokens_per_s": round(toks / secs, 1),
+                         # the engine's own accounting (with overlap, a step's time is the interval between two
+                         # recorded steps): decode ms per step, prefill seconds, rows computed and dropped
+                         "engine": {"decode_ms_per_step": round(1e3 * st["decode_s"] / max(st["decode_steps"], 1), 3),
+                                    "decode_steps": st["decode_steps"], "prefill_s": round(st["prefill_s"], 3),
+                                    "decode_rows_discarded": st["decode_rows_discarded"]}}
                 if acc is not None:
                     steps = max(acc["decode_steps"], 1)
                     level["profile"] = {
@@ -280,8 +290,8 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--decode", nargs="+", default=["slots", "dynamic"],
-                   choices=("slots", "slots+eager", "slots+sdpa", "slots+sdpa+eager", "slots+compile",
-                            "slots+sdpa+compile", "dynamic"),
+                   choices=("slots", "slots+sync", "slots+eager", "slots+sdpa", "slots+sdpa+eager", "slots+compile",
+                            "slots+compile+sync", "slots+sdpa+compile", "dynamic"),
                    help="slots[+sdpa][+compile] (see above), or the older dynamic path")
     p.add_argument("--dynamic-levels", type=int, nargs="*", default=[1, 16],
                    help="concurrency levels at which the (slow) dynamic path runs")

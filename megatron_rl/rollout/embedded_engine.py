@@ -82,6 +82,12 @@ class EmbeddedEngineConfig:
     kv_cache_fraction: float = 0.6
     # a group of joining requests is prefilled in chunks of at most this many (padded) tokens
     max_prefill_tokens: int = 16384
+    # slot path: launch decode step k+1 before reading step k's tokens back, so the host's per-step work (the
+    # device sync, recording tokens, stop checks, scheduling) runs while the device computes instead of between
+    # steps. Outputs are identical (draws are keyed by request seed and token index); a request that stops at
+    # step k has computed one more row-step, discarded. Steps over requests with top-k/top-p filters, which
+    # sample on the host from the step's logits, run one at a time
+    overlap_decode: bool = True
 
 
 @dataclasses.dataclass
@@ -97,6 +103,17 @@ class GenRequest:
     finish: dict | None = None
     abort_message: str | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass
+class _InflightStep:
+    """A launched slot decode step whose tokens have not been recorded yet (`EmbeddedEngineConfig.overlap_decode`):
+    the requests of its rows in row order, its outputs' host copies, and the event after which they are there."""
+    active: list[GenRequest]
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    ready: Any   # torch.cuda.Event, or None on a CPU (the copies are synchronous there)
+    launched: float
 
 
 @dataclasses.dataclass
@@ -117,6 +134,8 @@ class EngineStats:
     decode_steps: int = 0
     decode_rows: int = 0             # running requests summed over the steps (rows / steps = mean batch)
     decode_s: float = 0.0            # CUDA graph captures excluded (slot path: SlotStats.graph_capture_s)
+    # rows of overlapped steps whose request had stopped at the step before (computed, then dropped)
+    decode_rows_discarded: int = 0
 
     def prefilled(self, requests: list, seconds: float, width: int, forward_s: float | None = None) -> None:
         if seconds > SLOW_PREFILL_S:   # the per-rollout sums hide one slow forward (a kernel build, a lock wait)
@@ -127,9 +146,10 @@ class EngineStats:
         self.prefill_tokens += sum(len(r.prompt) for r in requests)
         self.prefill_s += seconds
 
-    def decoded(self, rows: int, seconds: float) -> None:
+    def decoded(self, rows: int, seconds: float, discarded: int = 0) -> None:
         self.decode_steps += 1
         self.decode_rows += rows
+        self.decode_rows_discarded += discarded
         self.decode_s += seconds
 
 
@@ -217,6 +237,9 @@ class EmbeddedEngine:
         self._staged_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._joinable: bool | None = None  # can requests join a running batch (decided on the first cache)
+        self._inflight: _InflightStep | None = None   # the scheduler thread's only
+        self._host_out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]   # pinned, alternating
+        self._last_decoded = 0.0
         self.stats = EngineStats()
         self.error: BaseException | None = None
 
@@ -598,9 +621,14 @@ class EmbeddedEngine:
                 quiet_until = time.monotonic() + window
 
     def _check_controls(self, active: list[GenRequest]) -> bool:
-        """Between steps: apply aborts, hold still while paused in place. False when the engine stops."""
+        """Between steps: apply aborts, hold still while paused in place. False when the engine stops. A step still
+        in flight is recorded first whenever any of these acts, so what a request holds then is what the synchronous
+        path would hold."""
         with self._cv:
             while True:
+                if self._inflight is not None and (self._stop or self._paused is not None or any(
+                        r.abort_message and r.finish is None for r in active)):
+                    self._record_inflight()
                 for r in active:
                     if r.abort_message and r.finish is None:
                         self._finish(r, {"type": "abort", "message": r.abort_message})
@@ -651,6 +679,7 @@ class EmbeddedEngine:
         controls, frees finished slots, prefills what fits (growing the slots' length when a request needs it),
         and otherwise decodes one step."""
         dec = self._slots
+        self._inflight = None   # (a failed wave may have left one: its requests were ended with it)
         while True:
             if not self._check_controls(dec.active + pending):
                 return
@@ -662,6 +691,7 @@ class EmbeddedEngine:
             chunk = self._slot_chunk(pending)
             if chunk:
                 pending = [r for r in pending if r not in chunk]
+                self._record_inflight()
                 self._prefill_into_slots(chunk)
             elif dec.active:
                 self._slot_decode_step()
@@ -671,6 +701,8 @@ class EmbeddedEngine:
                     self._finish(r, {"type": "abort", "message": (
                         f"request needs {dec.need(r)} cache tokens; the KV cache memory budget cannot hold them "
                         f"(kv_cache_fraction={self.config.kv_cache_fraction})")})
+            elif self._inflight is not None:   # its requests have all stopped (known from the step before it)
+                self._record_inflight()
             else:
                 return
 
@@ -681,6 +713,7 @@ class EmbeddedEngine:
             if r.finish is not None:
                 continue
             if not dec.allocated or dec.need(r) > dec.max_len:
+                self._record_inflight()   # a reallocation drops the CUDA graphs: none may still be running
                 with self._model_lock:   # (a longer length may mean fewer slots: keep room for this chunk)
                     grown = dec.ensure(self._slot_template, max([dec.need(r)] + [dec.need(a) for a in dec.active]),
                                        min_slots=len(dec.active) + len(chunk) + 1)
@@ -728,19 +761,62 @@ class EmbeddedEngine:
         self.stats.prefilled(joining, time.perf_counter() - t0, width, forward_s)
 
     def _slot_decode_step(self) -> None:
+        """One decode step over the active slots. Overlapped (see `EmbeddedEngineConfig.overlap_decode`): launch it,
+        then record the step launched before it; the last one is recorded by the next call or `_record_inflight`."""
         dec = self._slots
+        active = list(dec.active)
+        overlap = self.config.overlap_decode and all(unfiltered(r.sampling) for r in active)
+        if not overlap:
+            self._record_inflight()
         with self._model_lock:
             if "weights" in self._released:
                 raise EngineStateError("weights were released during generation")
             t0, captured = time.perf_counter(), dec.stats.graph_capture_s
             logits, tokens, logprobs = dec.step()
             t0 += dec.stats.graph_capture_s - captured   # a graph captured by this step is not decode time
-        active = dec.active
+        if overlap:
+            launched = _InflightStep(active, *self._host_copies(tokens, logprobs), launched=t0)
+            self._record_inflight()
+            self._inflight = launched
+            return
         if all(unfiltered(r.sampling) for r in active):
             self._record(active, tokens, logprobs)
         else:   # the graph drew without filters; draw again with them, from the same logits and uniforms
             dec.ids[: len(active)] = self._sample_and_record(active, logits)
         self.stats.decoded(len(active), time.perf_counter() - t0)
+
+    def _host_copies(self, tokens: torch.Tensor, logprobs: torch.Tensor):
+        """Copies of a step's outputs on the host, queued behind the step (the graph's output buffers are rewritten
+        by the next one), and the event after which they are complete. Two pinned pairs alternate: one is read
+        while the next step's copy lands in the other."""
+        if tokens.device.type != "cuda":
+            return tokens.clone(), logprobs.clone(), None
+        n = tokens.shape[0]
+        pair = self._host_out[0]
+        if pair is None or pair[0].shape[0] < n:
+            size = max(n, self._slots.slots)
+            pair = (torch.empty(size, dtype=tokens.dtype, pin_memory=True),
+                    torch.empty(size, dtype=logprobs.dtype, pin_memory=True))
+        self._host_out = [self._host_out[1], pair]
+        host_tokens, host_lps = pair[0][:n], pair[1][:n]
+        host_tokens.copy_(tokens, non_blocking=True)
+        host_lps.copy_(logprobs, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host_tokens, host_lps, ready
+
+    def _record_inflight(self) -> None:
+        """Record the step in flight, if any (waiting for its outputs): its requests' tokens, and stops."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return
+        if step.ready is not None:
+            step.ready.synchronize()
+        recorded = self._record(step.active, step.tokens, step.logprobs)
+        now = time.perf_counter()
+        # steady state: the time between two recorded steps (the device ran the next one meanwhile)
+        self.stats.decoded(recorded, now - max(step.launched, self._last_decoded), len(step.active) - recorded)
+        self._last_decoded = now
 
     # ------------------------------------------------------------------ dynamic-cache decoding
 
@@ -797,18 +873,22 @@ class EmbeddedEngine:
         self._record(active, tokens, lps)
         return tokens
 
-    def _record(self, active: list[GenRequest], tokens: torch.Tensor, lps: torch.Tensor) -> None:
-        """Append each row's token and logprob to its request (one device sync) and finish stopped requests."""
+    def _record(self, active: list[GenRequest], tokens: torch.Tensor, lps: torch.Tensor) -> int:
+        """Append each row's token and logprob to its request (one device sync) and finish stopped requests; how
+        many rows were recorded (a row of a request that has finished already is not)."""
         tokens_l, lps_l = tokens.tolist(), lps.tolist()
+        recorded = 0
         with self._cv:
             for r, t, lp in zip(active, tokens_l, lps_l):
                 if r.finish is not None:
                     continue
+                recorded += 1
                 r.tokens.append(int(t))
                 r.logprobs.append(float(lp))
                 reason = self._stop_reason(r, int(t))
                 if reason is not None:
                     self._finish(r, reason)
+        return recorded
 
     def _stop_reason(self, r: GenRequest, t: int) -> dict | None:
         if not r.sampling.ignore_eos and t in self.eos_ids:

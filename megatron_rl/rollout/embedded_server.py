@@ -609,6 +609,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="run the model's norm and MLP blocks eagerly; by default, on a GPU, they are torch.compiled "
                         "(fuses a third of a decode step's small kernels; compiles in seconds)")
     p.add_argument("--enable-compiled-blocks", action="store_true", help=argparse.SUPPRESS)   # the default now
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="read each decode step's tokens back before launching the next (SGLang's flag); by default "
+                        "the next step is launched first and the host's bookkeeping overlaps the device's step")
     p.add_argument("--kv-cache-fraction", type=float, default=0.6,
                    help="share of the device memory free at allocation that the slot cache may take")
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
@@ -680,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             default_max_new_tokens=args.default_max_new_tokens, weight_version=str(args.weight_version),
             seed=args.random_seed, context_length=args.context_length, decode=args.decode,
             cuda_graphs=not args.disable_cuda_graph, compile_decode=args.enable_torch_compile,
-            compile_blocks=not args.disable_compiled_blocks,
+            compile_blocks=not args.disable_compiled_blocks, overlap_decode=not args.disable_overlap_schedule,
             kv_cache_fraction=args.kv_cache_fraction,
             max_prefill_tokens=args.max_prefill_tokens,
         ), tokenizer=tok, model_path=args.model_path)

@@ -484,7 +484,8 @@ class SlotDecoder:
                 continue
             last = len(self.active) - 1
             if i != last:
-                self._move(last, i, self.cache_len(self.active[last]))
+                # one position more than the recorded tokens account for: an overlapped step may have written it
+                self._move(last, i, min(self.cache_len(self.active[last]) + 1, self.max_len))
                 self.active[i] = self.active[last]
             for buf in self._step_buffers():
                 buf[last] = 0

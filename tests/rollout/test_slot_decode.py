@@ -3,6 +3,7 @@ as a full forward, through joins, leaves, slot moves, a length growth mid-run, a
 batch, and memory release; its decode attention equals transformers' SDPA."""
 import logging
 import threading
+import time
 import types
 
 import pytest
@@ -29,12 +30,12 @@ def _model(cfg, **over):
 
 def _sampling(n, seed, temperature=1.0, **kw):
     return RequestSampling(temperature=temperature, top_p=kw.get("top_p", 1.0), top_k=-1, min_p=0.0, max_new_tokens=n,
-                           stop_token_ids=frozenset(), stop_strings=(), ignore_eos=True, seed=seed)
+                           stop_token_ids=kw.get("stop", frozenset()), stop_strings=(), ignore_eos=True, seed=seed)
 
 
-def _generate(engine, jobs, stagger_s=0.0, shutdown=True, top_p=None):
+def _generate(engine, jobs, stagger_s=0.0, shutdown=True, top_p=None, stop=None):
     """Submit (prompt, max_new, seed) jobs (optionally one by one while others run); outputs in job order.
-    `top_p`: {job index: top_p} for requests that sample with a filter."""
+    `top_p`: {job index: top_p} for requests that sample with a filter; `stop`: {job index: stop token ids}."""
     outs, events = {}, []
     engine.start()
     try:
@@ -44,7 +45,7 @@ def _generate(engine, jobs, stagger_s=0.0, shutdown=True, top_p=None):
             def done(o, i=i, ev=ev):
                 outs[i] = o
                 ev.set()
-            sampling = _sampling(n, seed, top_p=(top_p or {}).get(i, 1.0))
+            sampling = _sampling(n, seed, top_p=(top_p or {}).get(i, 1.0), stop=(stop or {}).get(i, frozenset()))
             engine.submit(engine.new_request(prompt, sampling, return_logprob=True, on_done=done))
             events.append(ev)
             if stagger_s:
@@ -86,6 +87,79 @@ def test_slots_match_dynamic_and_a_full_forward_through_joins_leaves_and_moves(c
         assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4
         ref = reference_logprobs(model, prompt, a["output_ids"])
         assert max(abs(x - y) for x, y in zip(ref, lp_a)) < tol, prompt
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_overlapped_decode_launches_the_next_step_first_and_changes_no_output(cfg):
+    """overlap_decode: step k+1 is launched before step k's tokens are recorded. Through joins, leaves (the last
+    slot, which the step in flight wrote, moves into each hole), stop tokens and a slot-length growth, every token
+    and logprob equals the one-step-at-a-time path's (logprobs to rounding); rows computed for requests that had
+    already stopped are counted as discarded, not as decoded."""
+    model = _model(cfg)
+    jobs = JOBS + [(list(range(10, 200)), 60, 8)]   # needs 250 tokens: the slots grow while others decode
+    kw = dict(max_batch_size=3, gather_ms=0, decode="slots")
+    plain = _generate(EmbeddedEngine(model, EmbeddedEngineConfig(overlap_decode=False, **kw)), jobs, 0.01)
+    stop = {0: frozenset([plain[0]["output_ids"][9]]), 5: frozenset([plain[5]["output_ids"][20]])}
+    runs = {}
+    for overlap in (False, True):
+        engine = EmbeddedEngine(model, EmbeddedEngineConfig(overlap_decode=overlap, **kw))
+        launches = {"total": 0, "ahead": 0}
+        step = engine._slots.step
+
+        def counted_step(engine=engine, launches=launches, step=step):
+            launches["total"] += 1
+            launches["ahead"] += engine._inflight is not None   # the step before has not been recorded yet
+            return step()
+        engine._slots.step = counted_step
+        runs[overlap] = (_generate(engine, jobs, 0.01, stop=stop), launches, engine.decode_info()["engine_stats"])
+    (sync_out, sync_launches, sync_stats), (over_out, over_launches, over_stats) = runs[False], runs[True]
+    assert sync_launches["ahead"] == 0 and over_launches["ahead"] >= over_launches["total"] // 2
+    for a, b in zip(sync_out, over_out):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
+        # (a stopped request's extra row changes some steps' batch size, hence the GEMMs' rounding)
+        lp_a, lp_b = ([x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in (a, b))
+        assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-5
+    assert sync_out[0]["meta_info"]["finish_reason"]["type"] == "stop" and len(sync_out[0]["output_ids"]) <= 10
+    assert over_stats["decode_rows"] == sync_stats["decode_rows"] == sum(len(o["output_ids"]) - 1 for o in sync_out)
+    assert sync_stats["decode_rows_discarded"] == 0 and over_stats["decode_rows_discarded"] > 0
+
+
+def test_an_abort_or_a_pause_meets_the_overlapped_step_recorded():
+    """With a step in flight, an abort records it first (the request keeps every token it computed, a prefix of
+    what it would have drawn), and a pause in place holds requests whose tokens are all recorded; after continuing
+    they finish with the tokens they would have drawn without the pause."""
+    model = _model(TINY)
+    engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=4, gather_ms=0, decode="slots"))
+    full = _generate(engine, [([5, 6, 7], 500, 1), ([8, 9], 500, 2)], shutdown=False)
+    step, stepped = engine._slots.step, threading.Event()
+
+    def slow_step():   # 500 steps take seconds: the pause lands mid-run
+        time.sleep(0.005)
+        stepped.set()
+        return step()
+    engine._slots.step = slow_step
+    outs, done = {}, {i: threading.Event() for i in range(2)}
+    for i, (prompt, seed) in enumerate([([5, 6, 7], 1), ([8, 9], 2)]):
+        engine.submit(engine.new_request(prompt, _sampling(500, seed), return_logprob=True,
+                                         on_done=lambda o, i=i: (outs.__setitem__(i, o), done[i].set())))
+    assert stepped.wait(60)
+    engine.pause("in_place")   # (returns at once; the scheduler holds at its next check)
+    deadline = time.monotonic() + 30
+    while engine._inflight is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    held = [len(r.tokens) for r in engine._running]
+    time.sleep(0.3)
+    # held: the step that was in flight is recorded, and nothing is launched or recorded while paused
+    assert engine._inflight is None and [len(r.tokens) for r in engine._running] == held
+    engine.abort(engine._running[0].rid)
+    engine.continue_generation()
+    assert done[0].wait(60) and done[1].wait(60)
+    engine.shutdown()
+    aborted = outs[0]
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort"
+    assert aborted["output_ids"] == full[0]["output_ids"][: len(aborted["output_ids"])]
+    assert outs[1]["output_ids"] == full[1]["output_ids"]
 
 
 def test_filtered_and_unfiltered_requests_decode_together():
