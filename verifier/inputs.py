@@ -119,7 +119,16 @@ class DeviceFactoryMode(TorchFunctionMode):
 
 
 def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    """Seed torch (the CPU and the accelerator), ``random`` and numpy. Once CUDA is up its generators are seeded
+    directly: ``torch.manual_seed`` also walks every other backend in Python (50-150 us), which a timed batch pays
+    before each call (`reseed_unpredictably`), and a device left waiting for the host charges that wait to the call
+    (a 4 us kernel was timed at 32-51 us on an H200, bench/results/verifier_dispatch_timing_h200.md)."""
+    if torch.cuda.is_initialized():
+        torch.default_generator.manual_seed(seed)
+        for generator in torch.cuda.default_generators:
+            generator.manual_seed(seed)
+    else:   # (before CUDA starts torch.manual_seed queues its seeding; other accelerators, e.g. MUSA, go this way)
+        torch.manual_seed(seed)
     random.seed(seed)
     try:
         import numpy as np

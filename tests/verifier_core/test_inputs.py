@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -14,6 +15,7 @@ from .candidates import task_path
 CHILD = r'''
 import sys
 sys.path.insert(0, {root!r})
+import pytest
 import torch
 from safetensors.torch import save_file
 from verifier.inputs import make_inputs
@@ -66,3 +68,32 @@ def test_factories_are_redirected_and_seeded():
                               torch.rand_like(torch.empty(4))], 7, "cpu", "float32")
     assert all(torch.equal(x, y) for x, y in zip(made, again))
     assert json.dumps([list(x.shape) for x in made]) == "[[3], [2], [2], [4]]"
+
+
+def test_reseeding_with_cuda_up_seeds_every_cuda_generator_and_the_host_ones(monkeypatch):
+    """Once CUDA is initialised the reseed before each timed call goes to the generators directly (torch.manual_seed
+    walks every backend in Python, time a device waiting for the host charges to the call): the CPU generator, every
+    CUDA device's generator, ``random`` and numpy all get the same fresh seed, and two reseeds differ."""
+    import random
+
+    import numpy as np
+
+    from verifier import inputs
+
+    class FakeGenerator:
+        seeds: list = []
+
+        def manual_seed(self, seed):
+            self.seeds.append(seed)
+
+    devices = (FakeGenerator(), FakeGenerator())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "default_generators", devices, raising=False)
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: pytest.fail("torch.manual_seed on the timed path"))
+    inputs.reseed_unpredictably()
+    first = torch.default_generator.initial_seed()
+    assert FakeGenerator.seeds == [first, first]
+    assert random.random() == random.Random(first).random()
+    assert np.random.get_state()[1][0] == np.random.RandomState(first % 2 ** 32).get_state()[1][0]
+    inputs.reseed_unpredictably()
+    assert torch.default_generator.initial_seed() != first and FakeGenerator.seeds[2:] == [torch.initial_seed()] * 2
