@@ -309,7 +309,8 @@ class RolloutManager:
 
 def _engine_metrics(before: list[dict], after: list[dict]) -> dict[str, float]:
     """``engine/*`` metrics of one rollout from the engines' cumulative stats: seconds in prefill, in decode
-    steps and in CUDA graph captures (summed over engines), decode steps, and the mean running batch of a step."""
+    steps and in CUDA graph captures (summed over engines), decode steps, the mean running batch of a step, and the
+    rows the overlapped schedule computed for requests that had already stopped (`decode_rows_discarded`)."""
     if len(before) != len(after):
         return {}
     # an engine that did not answer either time (or was relaunched: its counters restarted) is left out
@@ -318,7 +319,8 @@ def _engine_metrics(before: list[dict], after: list[dict]) -> dict[str, float]:
         return {}
     diff = {k: sum(a.get(k, 0) - b.get(k, 0) for b, a in pairs) for k in pairs[0][1]}
     out = {f"engine/{k}": float(diff[k])
-           for k in ("prefill_s", "prefill_tokens", "decode_s", "decode_steps", "graph_capture_s") if k in diff}
+           for k in ("prefill_s", "prefill_tokens", "decode_s", "decode_steps", "decode_rows_discarded",
+                     "graph_capture_s") if k in diff}
     if diff.get("decode_steps"):
         out["engine/mean_batch"] = diff["decode_rows"] / diff["decode_steps"]
         out["engine/decode_ms_per_step"] = 1e3 * diff["decode_s"] / diff["decode_steps"]

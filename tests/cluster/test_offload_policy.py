@@ -64,11 +64,16 @@ def test_cache_need_follows_the_step_the_context_and_the_engine_share(tmp_path):
 def test_engine_metrics_are_one_rollouts_differences_summed_over_engines():
     from megatron_rl.cluster.rollout_manager import _engine_metrics
 
-    before = [{"prefill_s": 1.0, "prefill_tokens": 100, "decode_s": 2.0, "decode_steps": 10, "decode_rows": 40},
-              {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_steps": 0, "decode_rows": 0}]
-    after = [{"prefill_s": 1.5, "prefill_tokens": 300, "decode_s": 3.0, "decode_steps": 20, "decode_rows": 80},
-             {"prefill_s": 0.5, "prefill_tokens": 50, "decode_s": 1.0, "decode_steps": 10, "decode_rows": 20}]
+    before = [{"prefill_s": 1.0, "prefill_tokens": 100, "decode_s": 2.0, "decode_steps": 10, "decode_rows": 40,
+               "decode_rows_discarded": 3},
+              {"prefill_s": 0.0, "prefill_tokens": 0, "decode_s": 0.0, "decode_steps": 0, "decode_rows": 0,
+               "decode_rows_discarded": 0}]
+    after = [{"prefill_s": 1.5, "prefill_tokens": 300, "decode_s": 3.0, "decode_steps": 20, "decode_rows": 80,
+              "decode_rows_discarded": 7},
+             {"prefill_s": 0.5, "prefill_tokens": 50, "decode_s": 1.0, "decode_steps": 10, "decode_rows": 20,
+              "decode_rows_discarded": 2}]
     m = _engine_metrics(before, after)
+    assert m["engine/decode_rows_discarded"] == 6
     assert m["engine/prefill_s"] == pytest.approx(1.0) and m["engine/prefill_tokens"] == 250
     assert m["engine/decode_steps"] == 20 and m["engine/mean_batch"] == pytest.approx(3.0)
     assert m["engine/decode_ms_per_step"] == pytest.approx(100.0)
