@@ -127,10 +127,11 @@ def _hf_to_mcore_rank(hf_dir, out_root, tp, pp, vpp, dtype, progress):
     cfg = load_hf_config(hf_dir)
     chunks = build_model(cfg, ParallelSizes(tp, pp, vpp),
                          BuildOptions(params_dtype=parse_dtype(dtype), perform_initialization=False))
-    bridge = get_bridge(cfg)
+    state = LazyHFState(hf_dir)
+    bridge = get_bridge(cfg, hf_names=state.keys())  # names under the prefix the weights use
     n_params = sum(1 for c in chunks for _ in c.parameters())
     bar = _tqdm(total=n_params, desc="hf-to-mcore: load", unit="param", disable=not progress or info.rank != 0)
-    bridge.load_hf_into(chunks, LazyHFState(hf_dir), on_param=lambda _name: bar.update())
+    bridge.load_hf_into(chunks, state, on_param=lambda _name: bar.update())
     bar.close()
     if progress and info.rank == 0:
         print("hf-to-mcore: writing distributed checkpoint", file=sys.stderr, flush=True)
@@ -147,14 +148,17 @@ def mcore_to_hf(job: McoreToHF) -> Path:
                                   f"hf_config= to export it")
         check_files(ckpt)
         cfg = config_from_dict(meta["hf_config"])
-        bridge = get_bridge(cfg)
+        layout = load_source_layout(ckpt / HF_ASSETS_DIR)
+        # the names the source used (its prefix, a tied lm_head it stored anyway), checked before any rank starts
+        bridge = get_bridge(cfg, layout=layout)
+        bridge.hf_param_names()
         bridge.validate(par)
         # a checkpoint converted before `load_hf_config` checked them may still carry wrong ones into the export
         check_architectures(cfg, f"{ckpt / META_FILE}: hf_config")
         out_dtype = parse_dtype(job.dtype) if job.dtype else parse_dtype(meta.get("params_dtype", "float32"))
         if job.max_shard_bytes <= 0:
             raise ValueError(f"max shard size must be positive, got {job.max_shard_bytes}")
-        single_file = load_source_layout(ckpt / HF_ASSETS_DIR)["single_file"]
+        single_file = layout["single_file"]
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
     with staged_output(job.out_dir) as tmp:
@@ -179,7 +183,7 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
     chunks = build_model(cfg, ParallelSizes(tp, pp),
                          BuildOptions(params_dtype=params_dtype, perform_initialization=False))
     load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
-    bridge = get_bridge(cfg)
+    bridge = get_bridge(cfg, layout=load_source_layout(ckpt / HF_ASSETS_DIR))  # the source's names
     # a source that was one model.safetensors comes back as one when it fits (`load_source_layout`)
     writer = ShardedSafetensorsWriter(out_dir, max_shard_bytes, single_file) if info.rank == 0 else None
     bar = _tqdm(total=len(bridge.hf_param_names()), desc="mcore-to-hf", unit="tensor",

@@ -16,7 +16,7 @@ import torch
 from megatron_rl.bridge import HFCheckpointError
 from megatron_rl.bridge.hf_dir import check_model_type
 from megatron_rl.bridge.hf_state import INDEX_NAME, SINGLE_NAME
-from megatron_rl.checkpoint import HF_ASSET_FILES
+from megatron_rl.checkpoint import HF_ASSET_FILES, copy_hf_asset_dirs
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3  # HF's default "5GB"
 
@@ -170,7 +170,7 @@ def write_hf_config(out_dir: str | os.PathLike, config_dict: dict, dtype: torch.
 
 
 def copy_assets(src_dir: str | os.PathLike | None, out_dir: str | os.PathLike) -> list[str]:
-    """Tokenizer / generation files (never config.json, which is regenerated)."""
+    """Tokenizer / generation files and asset folders (never config.json, which is regenerated)."""
     if src_dir is None or not Path(src_dir).is_dir():
         return []
     copied = []
@@ -181,4 +181,4 @@ def copy_assets(src_dir: str | os.PathLike | None, out_dir: str | os.PathLike) -
         if src.is_file():
             shutil.copy2(src, Path(out_dir) / name)
             copied.append(name)
-    return copied
+    return copied + copy_hf_asset_dirs(src_dir, out_dir)

@@ -53,6 +53,9 @@ HF_ASSET_FILES = (
     "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "video_preprocessor_config.json",
     "processor_config.json",
 )
+#: HF folders carried the same way, their regular files only: the named chat templates a release ships beside
+#: chat_template.jinja (transformers' CHAT_TEMPLATE_DIR), which ``apply_chat_template(chat_template=name)`` reads
+HF_ASSET_DIRS = ("additional_chat_templates",)
 
 
 class CheckpointError(RuntimeError):
@@ -339,6 +342,7 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
             copied.append(name)
+    copied += copy_hf_asset_dirs(src, dst)
     if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
         from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, SOURCE_LAYOUT_FILE,
                                                save_fp32_source_dtypes, save_passthrough, save_source_layout)
@@ -349,6 +353,31 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
             copied.append(FP32_SOURCE_DTYPES_FILE)
         save_source_layout(src, dst)  # one model.safetensors or shards, for the export
         copied.append(SOURCE_LAYOUT_FILE)
+    return copied
+
+
+def copy_hf_asset_dirs(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> list[str]:
+    """Copy each `HF_ASSET_DIRS` folder of `src_dir` that holds regular files (symlinks to them included, as in a
+    hub cache) into `dst_dir`, built aside and renamed into place so a reader never sees half a folder;
+    subfolders and other entries are left out. Returns the copied files' relative paths."""
+    from megatron_rl.fsutil import replace_dir
+
+    copied = []
+    for name in HF_ASSET_DIRS:
+        folder = Path(src_dir) / name
+        files = sorted(f.name for f in folder.iterdir() if f.is_file()) if folder.is_dir() else []
+        if not files:
+            continue
+        tmp = Path(dst_dir) / f".{name}.tmp{os.getpid()}"  # mkdir, not mkdtemp: the umask's mode, not 0700
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            for f in files:
+                shutil.copy2(folder / f, tmp / f)
+            replace_dir(tmp, Path(dst_dir) / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        copied += [f"{name}/{f}" for f in files]
     return copied
 
 

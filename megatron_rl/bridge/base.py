@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -111,11 +111,68 @@ class Bridge:
     name: str = "base"
     hf_model_types: tuple[str, ...] = ()
     hf_architectures: tuple[str, ...] = ()
+    #: where a checkpoint may keep the language model's HF names: the text class's layout and the multimodal
+    #: one's. Conversions ship either under either model_type, so the weights decide (`for_names`).
+    lm_prefixes: tuple[str, ...] = ("model.", "model.language_model.")
+    #: the `layout` facts a bridge reads; `save_source_layout` records them beside ``single_file``
+    LAYOUT_KEYS = ("lm_prefix", "duplicates")
 
-    def __init__(self, hf_config, num_layers: int | None = None):
+    def __init__(self, hf_config, num_layers: int | None = None, layout: Mapping[str, Any] | None = None):
+        """`layout`: how the source checkpoint names its tensors where the config leaves it open (`layout_for`);
+        other keys are ignored. Subclasses take it as a keyword and build their names from `lm_prefix`."""
         self.hf_config = hf_config
         self.num_layers = int(hf_config.num_hidden_layers if num_layers is None else num_layers)
+        self.layout = {k: layout[k] for k in self.LAYOUT_KEYS if k in (layout or {})}
         self._layer_tables: dict[int, dict[str, ParamMapping]] = {}
+
+    # ----- the source checkpoint's naming ---------------------------------------------------
+    def default_lm_prefix(self) -> str:
+        """The prefix the config's own transformers class saves the language model under."""
+        return self.lm_prefixes[0]
+
+    @property
+    def lm_prefix(self) -> str:
+        prefix = self.layout.get("lm_prefix", self.default_lm_prefix())
+        if prefix not in self.lm_prefixes:
+            raise BridgeError(f"{self.name} bridge: recorded lm_prefix {prefix!r} is not one of "
+                              f"{list(self.lm_prefixes)}")
+        return prefix
+
+    def layout_for(self, names: Iterable[str]) -> dict[str, Any]:
+        """The naming facts of a checkpoint holding `names` that differ from the config's defaults: the prefix its
+        language model is under, and the redundant copies it stores (a tied ``lm_head.weight``), which an export
+        writes back. Raises BridgeError naming the expected and found names when no prefix fits."""
+        have = set(names)
+        rel = [n[len(self.lm_prefix):] for u in self.export_units() for n in u.hf_names if n.startswith(self.lm_prefix)]
+        hits = {p: sum(p + r in have for r in rel) for p in self.lm_prefixes}
+        prefix = max(self.lm_prefixes, key=lambda p: (hits[p], p == self.default_lm_prefix()))
+        if not hits[prefix]:
+            raise BridgeError(f"{self.name} bridge: the checkpoint holds none of its language model's tensors under "
+                              f"{' or '.join(map(repr, self.lm_prefixes))} (expected e.g. "
+                              f"{[p + rel[0] for p in self.lm_prefixes]}); found {_name_summary(have)}")
+        layout: dict[str, Any] = {} if prefix == self.default_lm_prefix() else {"lm_prefix": prefix}
+        bridge = self if prefix == self.lm_prefix else type(self)(self.hf_config, layout={"lm_prefix": prefix})
+        duplicates = sorted(d for d in bridge.duplicate_hf_names() if d in have)
+        if duplicates:
+            layout["duplicates"] = duplicates
+        return layout
+
+    def for_names(self, names: Iterable[str]) -> "Bridge":
+        """This bridge for a checkpoint holding `names` (itself when the names fit its `layout`)."""
+        layout = self.layout_for(names)
+        return self if layout == self.layout else type(self)(self.hf_config, layout=layout)
+
+    def _exported_duplicates(self) -> dict[str, list[str]]:
+        """Original HF name -> the recorded copies an export writes after it (`layout_for`)."""
+        copies = self.layout.get("duplicates", [])
+        known = self.duplicate_hf_names()
+        if not isinstance(copies, list) or any(d not in known for d in copies):
+            raise BridgeError(f"{self.name} bridge: recorded duplicates {copies!r} are not copies this config "
+                              f"stores (it ties {sorted(known) or 'nothing'})")
+        out: dict[str, list[str]] = {}
+        for dup in copies:
+            out.setdefault(known[dup], []).append(dup)
+        return out
 
     # ----- per-architecture hooks -----------------------------------------------------------
     def pre_mappings(self) -> list[ParamMapping]:
@@ -164,9 +221,11 @@ class Bridge:
         return [u for u in units if u.mapping.export]
 
     def hf_param_names(self, hf_config=None) -> list[str]:
-        """Expected HF tensor names, in `export_hf` order."""
-        bridge = self if hf_config is None or hf_config is self.hf_config else type(self)(hf_config)
-        return [n for u in bridge.export_units() for n in u.hf_names]
+        """Expected HF tensor names, in `export_hf` order (a recorded copy right after its original)."""
+        bridge = (self if hf_config is None or hf_config is self.hf_config
+                  else type(self)(hf_config, layout=self.layout))
+        copies = bridge._exported_duplicates()
+        return [m for u in bridge.export_units() for n in u.hf_names for m in (n, *copies.get(n, ()))]
 
     def hf_shapes(self) -> dict[str, tuple[int, ...] | None]:
         """Every HF tensor name this config reads (tied copies included) -> the shape the config
@@ -267,6 +326,10 @@ class Bridge:
         from megatron.core import parallel_state as ps
 
         src = as_source(hf_state)
+        if hasattr(src, "keys"):  # the names the source holds decide its prefix, whatever the config says
+            bridge = self.for_names(src.keys())
+            if bridge is not self:
+                return bridge.load_hf_into(model_chunks, src, on_param)
         tp_rank = ps.get_tensor_model_parallel_rank()
         tp_size = ps.get_tensor_model_parallel_world_size()
         duplicates = self.duplicate_hf_names()
@@ -326,6 +389,7 @@ class Bridge:
             raise BridgeError("export_hf: the model chunks hold no parameters")
         device = next(iter(local.values()))[1].device if local else _default_device()
         owners = self._owners(local, pp_group, pp_size, pp_rank)
+        copies = self._exported_duplicates()
         pp_ranks = dist.get_process_group_ranks(pp_group) if pp_size > 1 else None
 
         for unit in self.export_units():
@@ -351,6 +415,8 @@ class Bridge:
                 if param is not None and _shares_storage(out, param):
                     out = out.clone()
                 yield name, out
+                for dup in copies.get(name, ()):  # own storage: safetensors refuses shared tensors
+                    yield dup, out.clone()
 
     def _owners(self, local, pp_group, pp_size, pp_rank) -> dict[str, tuple[int, tuple, str]]:
         """Which PP stage holds each exported parameter, with its local shape and dtype."""
@@ -376,6 +442,13 @@ def _tensor_problem(src: HFSource, name: str, shape: tuple[int, ...] | None) -> 
     if not dtype.is_floating_point:
         return f"HF tensor {name!r} has dtype {str(dtype).removeprefix('torch.')}, expected a floating-point weight"
     return None
+
+
+def _name_summary(names, limit: int = 5) -> str:
+    """A few distinct name patterns (layer indices as ``*``) of a checkpoint, for error messages."""
+    patterns = sorted({re.sub(r"\.\d+\.", ".*.", n) for n in names})
+    more = f" and {len(patterns) - limit} more patterns" if len(patterns) > limit else ""
+    return f"{len(names)} tensors such as {patterns[:limit]}{more}" if names else "no tensors"
 
 
 def _shares_storage(a: Tensor, b: Tensor) -> bool:

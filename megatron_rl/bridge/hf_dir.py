@@ -14,6 +14,7 @@ import torch
 
 from megatron_rl.fsutil import write_text_atomic
 
+from .base import BridgeError
 from .hf_state import SINGLE_NAME, HFCheckpointError, LazyHFState
 from .registry import bridge_names, get_bridge
 
@@ -84,6 +85,10 @@ def check_hf_input(hf_dir: str, par):
     bridge = get_bridge(cfg)
     bridge.validate(par)
     state = LazyHFState(hf_dir)
+    try:
+        bridge = bridge.for_names(state.keys())  # the weights' prefix, whichever model_type config.json names
+    except BridgeError as e:
+        raise HFCheckpointError(f"{hf_dir}: {e}") from None
     missing, unexpected = bridge.check_hf_names(list(state.keys()))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -138,6 +143,7 @@ def fp32_source_dtypes(bridge, state: LazyHFState) -> dict[str, str]:
 
     Why: the actor holds them in fp32 whatever the params dtype, and an export cannot tell a release that
     stored them in fp32 (kept as such) from one that stored them in bf16 like everything else."""
+    bridge = bridge.for_names(state.keys())  # names under the prefix the checkpoint uses
     return {n: str(state.dtype(n)).removeprefix("torch.") for u in bridge.export_units() if bridge.keeps_fp32(u)
             for n in u.hf_names if n in state}
 
@@ -190,14 +196,18 @@ def load_passthrough(assets_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 #: file in a checkpoint's HF assets recording how the source checkpoint stored its weights, so an export
-#: reproduces the layout it was given: ``{"single_file": true}`` for one ``model.safetensors`` without an index
+#: reproduces the layout it was given: ``{"single_file": true}`` for one ``model.safetensors`` without an index,
+#: plus the bridge's naming facts where they differ from the config's defaults (`Bridge.layout_for`: the language
+#: model's prefix, a tied ``lm_head.weight`` stored anyway)
 SOURCE_LAYOUT_FILE = "source_layout.json"
 
 
 def save_source_layout(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict:
     """Record `hf_dir`'s weights layout in ``dst_dir/SOURCE_LAYOUT_FILE``; returns it. Single file means what
     transformers (and `LazyHFState`) read is ``model.safetensors`` alone."""
-    layout = {"single_file": LazyHFState(hf_dir).files == [SINGLE_NAME]}
+    state = LazyHFState(hf_dir)
+    layout = {"single_file": state.files == [SINGLE_NAME],
+              **get_bridge(load_hf_config(hf_dir), hf_names=state.keys()).layout}
     dst = Path(dst_dir)
     dst.mkdir(parents=True, exist_ok=True)
     write_text_atomic(dst / SOURCE_LAYOUT_FILE, json.dumps(layout, sort_keys=True) + "\n")
@@ -206,7 +216,8 @@ def save_source_layout(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) ->
 
 def load_source_layout(assets_dir: str | os.PathLike) -> dict:
     """What `save_source_layout` recorded in `assets_dir`; ``{"single_file": False}`` (shards and an index, the
-    layout of exports before it was recorded) when nothing was."""
+    layout of exports before it was recorded) when nothing was. The bridge checks its own keys
+    (`get_bridge(cfg, layout=...)`)."""
     path = Path(assets_dir) / SOURCE_LAYOUT_FILE
     if not path.is_file():
         return {"single_file": False}

@@ -4,8 +4,12 @@ from __future__ import annotations
 from megatron_rl.models.spec import ConfigMismatchError
 
 
-def get_bridge(hf_config):
-    """The bridge for this HF config (a transformers config, or its dict), chosen by ``model_type``."""
+def get_bridge(hf_config, hf_names=None, layout=None):
+    """The bridge for this HF config (a transformers config, or its dict), chosen by ``model_type``.
+
+    `hf_names` (a checkpoint's tensor names) or `layout` (what `save_source_layout` recorded of them) fix how
+    the checkpoint names its tensors where the config leaves it open (`Bridge.layout_for`); without either, the
+    config's own class's names."""
     from megatron_rl.models.spec import _REGISTRY
 
     if isinstance(hf_config, dict):
@@ -20,7 +24,8 @@ def get_bridge(hf_config):
     spec = _REGISTRY.get(model_type)
     if spec is None or spec.bridge_cls is None:
         raise ConfigMismatchError(f"model_type={model_type!r} has no bridge; supported: {bridge_names()}")
-    return spec.bridge_cls(hf_config)
+    bridge = spec.bridge_cls(hf_config, layout=layout)
+    return bridge if hf_names is None else bridge.for_names(hf_names)
 
 
 def bridge_names() -> list[str]:

@@ -5,6 +5,8 @@
 - A hub-style one that stores them in fp32 beside bf16 weights: not a "mixed dtype" checkpoint.
 - A multimodal config whose top-level ``tie_word_embeddings`` says tied and whose ``text_config`` does not, saved
   without an output layer: the error names both flags.
+- Names the weights decide, not the config: a ``qwen3_5_text`` config over the multimodal ``model.language_model.*``
+  names (and the reverse), and a tied checkpoint that stores ``lm_head.weight`` anyway; the export writes them back.
 """
 import json
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from ckpt_tools.__main__ import main
+from megatron_rl.bridge import get_bridge
 from tests.bridge.tiny_qwen3 import read_weights
 from tests.bridge.tiny_qwen3_5 import multimodal_config, multimodal_tensors, tiny_config, tiny_model
 
@@ -100,3 +103,131 @@ def test_multimodal_tie_flags_that_disagree_name_the_flags_when_the_output_layer
     err = capsys.readouterr().err
     assert "text_config.tie_word_embeddings" in err and "Traceback" not in err
     assert not (tmp_path / "outs").exists()
+
+
+# ----- names the weights decide: the language model's prefix, a tied lm_head stored anyway -------------------------
+MM = "model.language_model."
+
+
+def _save_names(d, cfg, tensors):
+    """`cfg` (its own model_type) over `tensors` in one model.safetensors."""
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    cfg.save_pretrained(d)
+    return d
+
+
+def _text_over_multimodal_names(d):
+    """A ``qwen3_5_text`` config whose weights hold the released multimodal names (vision tower and MTP beside)."""
+    cfg = tiny_config(layers=2, layer_types=["linear_attention", "full_attention"])
+    return _save_names(d, cfg, multimodal_tensors(tiny_model(cfg, seed=5), multimodal_config(cfg)))
+
+
+def _tied_with_lm_head(d, *, stored: bool):
+    """A tied Qwen3 checkpoint, with (`stored`) or without the redundant ``lm_head.weight`` copy."""
+    from tests.bridge.tiny_qwen3 import hf_tensors, tiny_config as qwen3_config, tiny_model as qwen3_model
+
+    cfg = qwen3_config(tied=True)
+    tensors = hf_tensors(qwen3_model(cfg, seed=6))
+    if stored:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    return _save_names(d, cfg, tensors)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "qwen3_5", "qwen3"])
+@pytest.mark.parametrize("prefix", ["model.", MM])
+def test_the_weights_not_the_model_type_decide_the_language_model_prefix(tmp_path, arch, prefix):
+    """Either prefix loads under either model_type; its names are the ones the export writes (recorded in
+    source_layout.json only where they differ from the config's own class)."""
+    from megatron_rl.bridge.hf_dir import check_hf_input, fp32_source_dtypes, save_source_layout
+    from megatron_rl.models import ParallelSizes
+    from tests.bridge import tiny_qwen3
+
+    if arch == "qwen3":
+        cfg = tiny_qwen3.tiny_config()
+        tensors = tiny_qwen3.hf_tensors(tiny_qwen3.tiny_model(cfg))
+    else:
+        text = tiny_config(layers=2, layer_types=["linear_attention", "full_attention"])
+        cfg = multimodal_config(text) if arch == "qwen3_5" else text
+        tensors = tiny_qwen3.hf_tensors(tiny_model(text))
+    tensors = {(prefix + n[len("model."):] if n.startswith("model.") else n): t for n, t in tensors.items()}
+    hf_dir = _save_names(tmp_path / "hf", cfg, tensors)
+    _cfg, bridge, state = check_hf_input(str(hf_dir), ParallelSizes())
+    assert bridge.lm_prefix == prefix
+    assert sorted(bridge.hf_param_names()) == sorted(tensors)
+    default = MM if arch == "qwen3_5" else "model."
+    recorded = save_source_layout(hf_dir, tmp_path / "assets")
+    assert recorded == ({"single_file": True} if prefix == default else {"single_file": True, "lm_prefix": prefix})
+    if arch != "qwen3":
+        assert set(fp32_source_dtypes(get_bridge(cfg), state)) == {prefix + "layers.0.linear_attn.A_log",
+                                                                     prefix + "layers.0.linear_attn.dt_bias"}
+
+
+def test_a_text_config_over_multimodal_names_carries_the_vision_tower_and_mtp(tmp_path):
+    from megatron_rl.bridge.hf_dir import check_hf_input
+    from megatron_rl.models import ParallelSizes
+
+    hf_dir = _text_over_multimodal_names(tmp_path / "hf")
+    _cfg, bridge, state = check_hf_input(str(hf_dir), ParallelSizes())
+    carried = bridge.passthrough_hf_names(list(state.keys()))
+    assert any(n.startswith("model.visual.") for n in carried) and any(n.startswith("mtp.") for n in carried)
+    assert sorted(bridge.hf_param_names() + carried) == sorted(state.keys())
+
+
+def test_weights_under_no_known_prefix_name_what_was_expected_and_found(tmp_path, capsys):
+    from tests.bridge.tiny_qwen3 import hf_tensors
+
+    cfg = tiny_config(layers=2, layer_types=["linear_attention", "full_attention"])
+    tensors = {n.replace("model.", "transformer.", 1): t for n, t in hf_tensors(tiny_model(cfg)).items()}
+    hf_dir = _save_names(tmp_path / "hf", cfg, tensors)
+    out = tmp_path / "outs" / "mcore"
+    assert main(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    for needle in (str(hf_dir), "'model.embed_tokens.weight'", "'model.language_model.embed_tokens.weight'",
+                   "transformer.layers.*.", "lm_head.weight"):
+        assert needle in err, (needle, err)
+    assert "Traceback" not in err and not (tmp_path / "outs").exists()
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_tied_lm_head_is_recorded_and_named_for_export_only_when_stored(tmp_path, stored):
+    from megatron_rl.bridge import BridgeError
+    from megatron_rl.bridge.hf_dir import load_source_layout
+    from megatron_rl.checkpoint import copy_hf_assets
+    from tests.bridge.tiny_qwen3 import tiny_config as qwen3_config
+
+    hf_dir = _tied_with_lm_head(tmp_path / "hf", stored=stored)
+    copy_hf_assets(hf_dir, tmp_path / "assets")
+    layout = load_source_layout(tmp_path / "assets")
+    names = get_bridge(qwen3_config(tied=True), layout=layout).hf_param_names()
+    assert sorted(names) == sorted(read_weights(hf_dir))
+    if stored:
+        assert layout == {"single_file": True, "duplicates": ["lm_head.weight"]}
+        assert names[:2] == ["model.embed_tokens.weight", "lm_head.weight"]
+        with pytest.raises(BridgeError, match="lm_head.weight"):  # an untied config has no copy to write
+            get_bridge(qwen3_config(tied=False), layout=layout).hf_param_names()
+    else:
+        assert layout == {"single_file": True} and "lm_head.weight" not in names
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["text_over_multimodal_names", "tied_lm_head_stored", "tied_lm_head_absent"])
+def test_export_reproduces_the_names_it_was_given(tmp_path, case):
+    """HF -> Megatron -> HF gives back exactly the source's tensors, names and bytes: the multimodal prefix under a
+    text config (vision tower and MTP carried), and a tied lm_head.weight when, and only when, the source had it."""
+    make = {"text_over_multimodal_names": _text_over_multimodal_names,
+            "tied_lm_head_stored": lambda d: _tied_with_lm_head(d, stored=True),
+            "tied_lm_head_absent": lambda d: _tied_with_lm_head(d, stored=False)}[case]
+    hf_dir = make(tmp_path / "hf")
+    mcore, out = tmp_path / "mcore", tmp_path / "out"
+    assert main(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(mcore), "--no-progress"]) == 0
+    assert main(["mcore-to-hf", "--ckpt", str(mcore), "--out", str(out), "--no-progress"]) == 0
+    src, got = read_weights(hf_dir), read_weights(out)
+    assert sorted(got) == sorted(src)
+    for name, t in src.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["model_type"] == \
+        json.loads((hf_dir / "config.json").read_text())["model_type"]

@@ -182,6 +182,53 @@ def test_processor_side_files_travel_to_the_export(tmp_path):
         assert (out / name).read_text() == (src / name).read_text(), name
 
 
+def test_additional_chat_templates_folder_travels_atomically(tmp_path, monkeypatch):
+    """A release's ``additional_chat_templates/`` goes into the checkpoint's assets and out again: its regular files
+    (a hub cache's symlinks to them included) and nothing else; a copy replaces an older folder whole, and a failing
+    one leaves the destination as it was, with no temp folder beside it."""
+    import shutil
+
+    from ckpt_tools.hf_io import copy_assets
+    from megatron_rl.checkpoint import copy_hf_assets
+
+    src, assets, out = tmp_path / "src", tmp_path / "assets", tmp_path / "out"
+    folder = src / "additional_chat_templates"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "tool_use.jinja").write_text("{{ tools }}")
+    (folder / "nested" / "skip.jinja").write_text("not carried")
+    (tmp_path / "blob").write_text("{{ docs }}")
+    os.symlink(tmp_path / "blob", folder / "rag.jinja")
+    os.symlink(tmp_path / "missing", folder / "dangling.jinja")
+    (src / "chat_template.jinja").write_text("{{ messages }}")
+    want = {"rag.jinja": "{{ docs }}", "tool_use.jinja": "{{ tools }}"}
+
+    assert "additional_chat_templates/tool_use.jinja" in copy_hf_assets(src, assets)
+    (out / "additional_chat_templates").mkdir(parents=True)
+    (out / "additional_chat_templates" / "stale.jinja").write_text("old")
+    assert sorted(copy_assets(assets, out)) == ["additional_chat_templates/rag.jinja",
+                                                "additional_chat_templates/tool_use.jinja", "chat_template.jinja"]
+    for d in (assets, out):
+        got = d / "additional_chat_templates"
+        assert {f.name: f.read_text() for f in got.iterdir()} == want
+        assert not any(f.is_symlink() for f in got.iterdir())
+        assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []
+
+    real_copy = shutil.copy2
+
+    def failing_copy(a, b, **kw):  # rag.jinja is in the new folder when tool_use.jinja fails
+        if str(a).endswith("tool_use.jinja"):
+            raise OSError("disk full")
+        return real_copy(a, b, **kw)
+
+    (folder / "tool_use.jinja").write_text("{{ new tools }}")
+    monkeypatch.setattr(shutil, "copy2", failing_copy)
+    with pytest.raises(OSError, match="disk full"):
+        copy_assets(src, out)
+    monkeypatch.undo()
+    assert {f.name: f.read_text() for f in (out / "additional_chat_templates").iterdir()} == want
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
 def test_a_failing_forward_is_bad_input_naming_its_side(single_file):
     """Either side's forward failing is exit 2 naming the model, not a raw traceback (exit 1 means 'logits
     differ')."""

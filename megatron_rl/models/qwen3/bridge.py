@@ -2,7 +2,8 @@
 
 GQA attention with QK RMSNorm, SwiGLU MLP, RMSNorm (plain ``w * x``, copied as is), tied or untied
 embeddings. Names on the Megatron side cover both the local spec (separate norm modules) and the
-TE spec (norms fused into ``linear_qkv`` / ``linear_fc1``).
+TE spec (norms fused into ``linear_qkv`` / ``linear_fc1``). HF names are under ``model.``, or under
+``model.language_model.`` when the checkpoint's weights are (`Bridge.lm_prefix`).
 """
 from __future__ import annotations
 
@@ -11,31 +12,30 @@ from megatron_rl.bridge.transforms import GatedMLP, QKVInterleave, Replicated, R
 
 from .spec import head_dim
 
-_HF_LAYER = "model.layers.{layer}."
-
 
 class Qwen3Bridge(Bridge):
     name = "qwen3"
     hf_model_types = ("qwen3",)
     hf_architectures = ("Qwen3ForCausalLM",)
 
-    def __init__(self, hf_config):
-        super().__init__(hf_config)
+    def __init__(self, hf_config, layout=None):
+        super().__init__(hf_config, layout=layout)
         cfg = hf_config
+        lm = self.lm_prefix
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
         V, h, ffn = int(cfg.vocab_size), int(cfg.hidden_size), int(cfg.intermediate_size)
         nh, ng, hd = int(cfg.num_attention_heads), int(cfg.num_key_value_heads), head_dim(cfg)
         vocab = VocabParallel(vocab_size=V)
-        self._pre = [ParamMapping("embedding.word_embeddings.weight", "model.embed_tokens.weight", vocab,
-                                  hf_shapes=((V, h),))]
+        self._embed_name = lm + "embed_tokens.weight"
+        self._pre = [ParamMapping("embedding.word_embeddings.weight", self._embed_name, vocab, hf_shapes=((V, h),))]
         self._post = [
-            ParamMapping("decoder.final_layernorm.weight", "model.norm.weight", Replicated(), hf_shapes=((h,),)),
+            ParamMapping("decoder.final_layernorm.weight", lm + "norm.weight", Replicated(), hf_shapes=((h,),)),
             # Tied: only a PP>1 last stage has this parameter (a copy of the embedding).
-            ParamMapping("output_layer.weight", "model.embed_tokens.weight" if self.tied else "lm_head.weight",
+            ParamMapping("output_layer.weight", self._embed_name if self.tied else "lm_head.weight",
                          vocab, export=not self.tied, hf_shapes=((V, h),)),
         ]
         qkv = QKVInterleave(num_heads=nh, num_groups=ng, head_dim=hd)
-        L = _HF_LAYER
+        L = lm + "layers.{layer}."
         self._layer = [
             ParamMapping(("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
                          L + "input_layernorm.weight", Replicated(), hf_shapes=((h,),)),
@@ -65,4 +65,4 @@ class Qwen3Bridge(Bridge):
         return self._post
 
     def duplicate_hf_names(self):
-        return {"lm_head.weight": "model.embed_tokens.weight"} if self.tied else {}
+        return {"lm_head.weight": self._embed_name} if self.tied else {}

@@ -7,6 +7,10 @@
   through untouched (`passthrough_hf_names`) so an exported RL checkpoint is the same HF model type with
   byte-identical vision and MTP weights.
 
+Which prefix a checkpoint uses is read from its weights, not its model_type (`Bridge.for_names`): some
+conversions ship a ``qwen3_5_text`` config over ``model.language_model.*`` weights, and an export writes back the
+names it read.
+
 Megatron names cover megatron's TE hybrid spec (norms fused into ``in_proj`` / ``linear_qkv`` /
 ``linear_fc1``) and our local spec (separate norm modules) as aliases.
 """
@@ -18,6 +22,8 @@ from megatron_rl.bridge.transforms import (ColumnParallel, GatedDeltaNetParts, G
 
 from .spec import FULL, head_dim, layer_types, text_config, tied_embeddings
 
+#: the language model's prefix in the multimodal layout
+MULTIMODAL_PREFIX = "model.language_model."
 #: HF name prefixes of tensors the actor does not train, carried verbatim (multimodal layout)
 PASSTHROUGH_PREFIXES = ("model.visual.", "mtp.")
 
@@ -26,13 +32,13 @@ class Qwen35Bridge(Bridge):
     name = "qwen3_5"
     hf_model_types = ("qwen3_5_text", "qwen3_5")
 
-    def __init__(self, hf_config):
+    def __init__(self, hf_config, layout=None):
         cfg = text_config(hf_config)
-        super().__init__(hf_config, num_layers=cfg.num_hidden_layers)
         self.multimodal = getattr(hf_config, "model_type", None) == "qwen3_5"
+        super().__init__(hf_config, num_layers=cfg.num_hidden_layers, layout=layout)
         self.hf_architectures = (("Qwen3_5ForConditionalGeneration",) if self.multimodal
                                  else ("Qwen3_5ForCausalLM",))
-        lm = "model.language_model." if self.multimodal else "model."
+        lm = self.lm_prefix
         self.tied = tied_embeddings(hf_config)
         self.layer_types = layer_types(hf_config)
         V, h, ffn = int(cfg.vocab_size), int(cfg.hidden_size), int(cfg.intermediate_size)
@@ -91,6 +97,9 @@ class Qwen35Bridge(Bridge):
         ]
         self._embed_name = embed
 
+    def default_lm_prefix(self):
+        return MULTIMODAL_PREFIX if self.multimodal else "model."
+
     def pre_mappings(self):
         return self._pre
 
@@ -104,6 +113,7 @@ class Qwen35Bridge(Bridge):
         return {"lm_head.weight": self._embed_name} if self.tied else {}
 
     def passthrough_hf_names(self, names):
-        if not self.multimodal:
-            return [n for n in names if n.startswith("mtp.")]
-        return [n for n in names if n.startswith(PASSTHROUGH_PREFIXES)]
+        # a vision tower goes with the multimodal layout, whichever model_type the config names
+        if self.multimodal or any(n.startswith(MULTIMODAL_PREFIX) for n in names):
+            return [n for n in names if n.startswith(PASSTHROUGH_PREFIXES)]
+        return [n for n in names if n.startswith("mtp.")]
