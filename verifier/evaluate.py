@@ -47,8 +47,8 @@ from . import device_handover, feedback, speed_of_light
 from .build import BuildResult, ExtensionService, build_candidate, compiler_excerpt
 from .config import VerifierConfig
 from .correctness import (COMMIT_BLOCK, COMPLEX128_KEYS, DIGEST_LANES, _unravel, committable, compare_outputs,
-                          flatten_outputs, same_structure, sample_entries, sample_index, spec_summary, squared_error,
-                          uncommitted_entry, warm_block_digests)
+                          flatten_outputs, same_bits, same_structure, sample_entries, sample_index, spec_summary,
+                          squared_error, uncommitted_entry, warm_block_digests)
 from .device_lock import DeviceLock, DeviceLockTimeout, DeviceUse
 from .devices import DeviceUnavailable, get_backend
 from .extract import FormatError, extract_candidate
@@ -394,7 +394,7 @@ class _DeviceStage:
         self._ref_commit_bytes = sum(device_handover.aligned(-(-t.numel() // COMMIT_BLOCK) * DIGEST_LANES * 8)
                                      for t in leaves if isinstance(t, torch.Tensor) and committable(t)
                                      and t.numel() > self.cfg.output_sample_elements)
-        mutates = any(b is not None and not torch.equal(a, b) for a, b in zip(args, before))
+        mutates = any(b is not None and not same_bits(a, b) for a, b in zip(args, before))
         ranges = [(a.untyped_storage().data_ptr(), a.untyped_storage().data_ptr() + a.untyped_storage().nbytes())
                   for a in args if isinstance(a, torch.Tensor) and a.numel()]
         aliases = any(isinstance(o, torch.Tensor) and o.numel() and any(

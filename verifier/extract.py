@@ -2,8 +2,10 @@
 
 Contract (ARCHITECTURE.md): the candidate is the last fenced Python block of a markdown response
 (```python, ```py, ```python3, or an untagged fence whose content parses as Python), or the whole
-response when it is plain Python source. Anything else is a ``format_error`` with a message the
-model can act on.
+response when it is plain Python source. Blank blocks are skipped (a stray closing fence at the end
+opens one), and a last block that parses but defines no ``ModelNew`` (a usage example after the
+answer) gives way to the last block that defines it. Anything else is a ``format_error`` with a
+message the model can act on.
 
 Normalisation before any parsing: a leading BOM is dropped and CRLF/CR line ends become LF (a correct
 candidate must not fail on its line endings). Source too deeply nested for the parser is a format error,
@@ -93,14 +95,27 @@ def _parses(src: str) -> bool:
         return False
 
 
+def _defines_model_new(src: str) -> bool:
+    try:
+        tree = ast.parse(src)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
+
+
 def _select(text: str) -> str:
     blocks = _fenced_blocks(text)
-    chosen = None
-    for tag, content, closed in blocks:
-        if tag in PY_TAGS or (tag == "" and _parses(content)):
-            chosen = (content, closed)
-    if chosen is not None:
-        content, closed = chosen
+    code = [(content, closed) for tag, content, closed in blocks
+            if tag in PY_TAGS or (tag == "" and _parses(content))]
+    if code:
+        # the last block with any code; where that one parses but defines no ModelNew (a usage example after the
+        # answer), the last block that does. A stray closing fence at the end (it opens an empty untagged block) or
+        # a usage example was chosen over the answer and rejected a correct kernel as a format error. A last block
+        # that does not parse stays the candidate (its syntax error is the feedback; no earlier draft stands in)
+        code = [b for b in code if b[0].strip()] or code
+        content, closed = code[-1]
+        if _parses(content) and not _defines_model_new(content):
+            content, closed = ([b for b in code if _defines_model_new(b[0])] or [code[-1]])[-1]
         if not closed and not _parses(content):
             raise FormatError("the last ```python block is never closed and does not parse "
                               "(was the response cut off?)")

@@ -61,7 +61,8 @@ _NATIVE_CODE_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p,
      r"|\b__libc_\w+|\bio_uring\w*|\blio_listio\b", "file_access"),
     (r"\bcurl_\w+", "network_access"),
     (r"\bstd::(thread|jthread|async)\b|\b(std::)?j?thread\s+\w+\s*[({]|(?<![\w.>:])async\s*\(|\bpthread_\w+"
-     r"|\bthrd_\w+|\b__gthread\w*|\bat::(launch|intraop_launch)\b|\bintraop_launch\b|\b\w*ThreadPool\b"
+     r"|\bthrd_\w+|\b__gthread\w*|\bat::launch\b|\bintraop_launch\w*|\b\w*ThreadPool\b"
+     # (intraop_launch_future too: it runs the task on a pool thread where ATen's threading is not OpenMP)
      r"|\bSIGEV_THREAD\b|\bsigev_notify\w*|\baio_\w+|\bstd::execution\b|\btbb::"
      r"|#\s*pragma\s+omp\b(?!\s+(simd|declare\s+simd)\b)"      # omp simd vectorises, it starts no threads
      r"|\b(omp|kmp)_\w+|\b(GOMP|gomp|__kmpc)_\w+|(?i:\w*set_num_threads)|\bsys(call|enter)\b|\bualarm\b",
