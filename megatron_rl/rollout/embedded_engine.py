@@ -238,6 +238,7 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self._joinable: bool | None = None  # can requests join a running batch (decided on the first cache)
         self._inflight: _InflightStep | None = None   # the scheduler thread's only
+        self._holding = False   # the scheduler holds its requests still (paused in place, nothing in flight)
         self._host_out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]   # pinned, alternating
         self._last_decoded = 0.0
         self.stats = EngineStats()
@@ -428,6 +429,9 @@ class EmbeddedEngine:
             self._cv.notify_all()
         if mode == "abort":
             self._wait_until(lambda: not self._running, timeout=300)
+        else:   # returns once the scheduler holds (its step in flight recorded): weights may change from here on
+            self._wait_until(lambda: self._holding or not self._running or self._stop or self.error is not None,
+                             timeout=300)
 
     def continue_generation(self) -> None:
         with self._cv:
@@ -633,10 +637,15 @@ class EmbeddedEngine:
                     if r.abort_message and r.finish is None:
                         self._finish(r, {"type": "abort", "message": r.abort_message})
                 if self._stop:
+                    self._holding = False
                     return False
                 if self._paused in ("in_place", "retract") and any(r.finish is None for r in active):
+                    if not self._holding:   # `pause` returns once this is seen
+                        self._holding = True
+                        self._cv.notify_all()
                     self._cv.wait(timeout=0.5)
                     continue
+                self._holding = False
                 return True
 
     @torch.no_grad()

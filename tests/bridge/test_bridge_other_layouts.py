@@ -57,10 +57,9 @@ def test_fp32_source_dtypes_are_recorded_and_get_no_vote(tmp_path, capsys):
     assert "mix dtypes" not in capsys.readouterr().err
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("gdn_fp32", [False, True])
-def test_half_precision_hybrid_round_trips_its_gdn_dtypes(tmp_path, gdn_fp32):
-    hf_dir = _save_hf(tmp_path / "hf", gdn_fp32=gdn_fp32)
+def _round_trip_bitwise(hf_dir, tmp_path):
+    """HF -> Megatron -> HF with the CLI; asserts the export holds exactly the source's tensors (names, dtypes,
+    bytes) and returns (megatron dir, export dir)."""
     mcore, out = tmp_path / "mcore", tmp_path / "out"
     assert main(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(mcore), "--no-progress"]) == 0
     assert main(["mcore-to-hf", "--ckpt", str(mcore), "--out", str(out), "--no-progress"]) == 0
@@ -68,6 +67,14 @@ def test_half_precision_hybrid_round_trips_its_gdn_dtypes(tmp_path, gdn_fp32):
     assert sorted(got) == sorted(src)
     for name, t in src.items():
         assert got[name].dtype == t.dtype and torch.equal(got[name], t), (name, t.dtype, got[name].dtype)
+    return mcore, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gdn_fp32", [False, True])
+def test_half_precision_hybrid_round_trips_its_gdn_dtypes(tmp_path, gdn_fp32):
+    hf_dir = _save_hf(tmp_path / "hf", gdn_fp32=gdn_fp32)
+    mcore, out = _round_trip_bitwise(hf_dir, tmp_path)
     assert not (out / "fp32_source_dtypes.json").exists()  # a checkpoint asset, not part of the release
     if not gdn_fp32:
         # verify runs a half checkpoint in fp32 on both sides: this tiny random bf16 hybrid's rounding (0.44 against
@@ -221,13 +228,7 @@ def test_export_reproduces_the_names_it_was_given(tmp_path, case):
             "tied_lm_head_stored": lambda d: _tied_with_lm_head(d, stored=True),
             "tied_lm_head_absent": lambda d: _tied_with_lm_head(d, stored=False)}[case]
     hf_dir = make(tmp_path / "hf")
-    mcore, out = tmp_path / "mcore", tmp_path / "out"
-    assert main(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(mcore), "--no-progress"]) == 0
-    assert main(["mcore-to-hf", "--ckpt", str(mcore), "--out", str(out), "--no-progress"]) == 0
-    src, got = read_weights(hf_dir), read_weights(out)
-    assert sorted(got) == sorted(src)
-    for name, t in src.items():
-        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    _, out = _round_trip_bitwise(hf_dir, tmp_path)
     assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
     assert json.loads((out / "config.json").read_text())["model_type"] == \
         json.loads((hf_dir / "config.json").read_text())["model_type"]

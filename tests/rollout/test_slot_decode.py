@@ -117,9 +117,10 @@ def test_overlapped_decode_launches_the_next_step_first_and_changes_no_output(cf
     for a, b in zip(sync_out, over_out):
         assert a["output_ids"] == b["output_ids"]
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
-        # (a stopped request's extra row changes some steps' batch size, hence the GEMMs' rounding)
+        # (a stopped request's extra row, and when the staggered requests join, change some steps' batch size, hence
+        # the kernels' rounding; the bound of the slots-against-dynamic test above)
         lp_a, lp_b = ([x[0] for x in o["meta_info"]["output_token_logprobs"]] for o in (a, b))
-        assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4
     assert sync_out[0]["meta_info"]["finish_reason"]["type"] == "stop" and len(sync_out[0]["output_ids"]) <= 10
     assert over_stats["decode_rows"] == sync_stats["decode_rows"] == sum(len(o["output_ids"]) - 1 for o in sync_out)
     assert sync_stats["decode_rows_discarded"] == 0 and over_stats["decode_rows_discarded"] > 0
@@ -127,8 +128,8 @@ def test_overlapped_decode_launches_the_next_step_first_and_changes_no_output(cf
 
 def test_an_abort_or_a_pause_meets_the_overlapped_step_recorded():
     """With a step in flight, an abort records it first (the request keeps every token it computed, a prefix of
-    what it would have drawn), and a pause in place holds requests whose tokens are all recorded; after continuing
-    they finish with the tokens they would have drawn without the pause."""
+    what it would have drawn), and a pause in place returns once the scheduler holds requests whose tokens are all
+    recorded; after continuing they finish with the tokens they would have drawn without the pause."""
     model = _model(TINY)
     engine = EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=4, gather_ms=0, decode="slots"))
     full = _generate(engine, [([5, 6, 7], 500, 1), ([8, 9], 500, 2)], shutdown=False)
@@ -144,10 +145,7 @@ def test_an_abort_or_a_pause_meets_the_overlapped_step_recorded():
         engine.submit(engine.new_request(prompt, _sampling(500, seed), return_logprob=True,
                                          on_done=lambda o, i=i: (outs.__setitem__(i, o), done[i].set())))
     assert stepped.wait(60)
-    engine.pause("in_place")   # (returns at once; the scheduler holds at its next check)
-    deadline = time.monotonic() + 30
-    while engine._inflight is not None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    engine.pause("in_place")   # returns once the scheduler holds
     held = [len(r.tokens) for r in engine._running]
     time.sleep(0.3)
     # held: the step that was in flight is recorded, and nothing is launched or recorded while paused
