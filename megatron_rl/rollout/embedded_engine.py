@@ -774,7 +774,8 @@ class EmbeddedEngine:
         then record the step launched before it; the last one is recorded by the next call or `_record_inflight`."""
         dec = self._slots
         active = list(dec.active)
-        overlap = self.config.overlap_decode and all(unfiltered(r.sampling) for r in active)
+        plain = all(unfiltered(r.sampling) for r in active)   # the graph's own draw stands
+        overlap = self.config.overlap_decode and plain
         if not overlap:
             self._record_inflight()
         with self._model_lock:
@@ -788,7 +789,7 @@ class EmbeddedEngine:
             self._record_inflight()
             self._inflight = launched
             return
-        if all(unfiltered(r.sampling) for r in active):
+        if plain:
             self._record(active, tokens, logprobs)
         else:   # the graph drew without filters; draw again with them, from the same logits and uniforms
             dec.ids[: len(active)] = self._sample_and_record(active, logits)
