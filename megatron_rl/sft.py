@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron_rl.actor.actor import ActorConfig
+from megatron_rl.checkpoint import copy_hf_asset_dirs
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
                                 _omegaconf_problem, abs_path, hf_model_config)
@@ -216,17 +217,21 @@ class SFTWorker(TrainWorker):
         from ckpt_tools.hf_io import ShardedSafetensorsWriter, copy_assets, write_hf_config
         from megatron_rl.bridge import LazyHFState, get_bridge
         from megatron_rl.bridge.hf_dir import follow_source_dtypes, fp32_source_dtypes
+        from megatron_rl.bridge.hf_state import SINGLE_NAME
 
-        stream = self.actor.export_hf()
+        # the starting model's checkpoint decides the release's layout: the names it used (a multimodal
+        # release's ``model.language_model.*``, a tied lm_head stored anyway), one file or shards, the tensors
+        # the model does not hold (vision tower, MTP), as `ckpt_tools mcore-to-hf` reproduces them
+        state = LazyHFState(self.model_dir)
+        stream = self.actor.export_hf(hf_names=state.keys())
         if self.rank != 0:
             for _ in stream:   # the export is collective over the model-parallel group
                 pass
             return None
 
         def build(d: str) -> None:
-            bridge = get_bridge(self.actor.hf_config)
-            state = LazyHFState(self.model_dir)   # the starting model's checkpoint
-            writer = ShardedSafetensorsWriter(d)
+            bridge = get_bridge(self.actor.hf_config, hf_names=state.keys())
+            writer = ShardedSafetensorsWriter(d, single_file=state.files == [SINGLE_NAME])
             # A_log/dt_bias back in the dtype the starting model stored them in, as `mcore-to-hf` writes them
             writer.add_all(follow_source_dtypes(stream, fp32_source_dtypes(bridge, state), self.actor.cfg.torch_dtype))
             # tensors the model does not hold (a vision tower), as they were
@@ -242,7 +247,7 @@ class SFTWorker(TrainWorker):
 def stage_hf_assets(model_dir: str, tokenizer_dir: str, dest: Path) -> str:
     """A dir holding the model dir's files (linked) with the training tokenizer's files over them: what the
     checkpoints and the export carry as HF assets (config, weights for passthrough tensors, tokenizer, chat
-    template)."""
+    template, and the asset folders such as ``additional_chat_templates/``, the tokenizer's over the model's)."""
     def build(d: str) -> None:
         for f in Path(model_dir).iterdir():
             if f.is_file():
@@ -253,6 +258,9 @@ def stage_hf_assets(model_dir: str, tokenizer_dir: str, dest: Path) -> str:
                 if target.is_symlink() or target.exists():
                     target.unlink()
                 shutil.copy2(f, target)
+        copy_hf_asset_dirs(model_dir, d)
+        if Path(tokenizer_dir).resolve() != Path(model_dir).resolve():
+            copy_hf_asset_dirs(tokenizer_dir, d)   # the training tokenizer's named templates replace the model's
 
     shutil.rmtree(dest, ignore_errors=True)
     return str(publish_dir(build, dest))

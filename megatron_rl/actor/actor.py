@@ -229,11 +229,13 @@ class MegatronActor:
         get_bridge(self.hf_config).load_hf_into(self.model, state)
         self.optimizer.reload_model_params()  # fp32 main params := the new model params
 
-    def export_hf(self, dtype: torch.dtype | None = None):
-        """Stream (HF name, full tensor) pairs (collective over the model-parallel group)."""
+    def export_hf(self, dtype: torch.dtype | None = None, hf_names: Sequence[str] | None = None):
+        """Stream (HF name, full tensor) pairs (collective over the model-parallel group). `hf_names`, a source
+        checkpoint's tensor names, make the stream use that checkpoint's names (`get_bridge`); without them the
+        config class's own names."""
         from megatron_rl.bridge import get_bridge
 
-        return get_bridge(self.hf_config).export_hf(self.model, dtype=dtype)
+        return get_bridge(self.hf_config, hf_names=hf_names).export_hf(self.model, dtype=dtype)
 
     # ----- batching --------------------------------------------------------------------------
     def _plan(self, samples: Sequence[TrainSample]):

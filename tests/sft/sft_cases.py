@@ -64,3 +64,15 @@ def resume_case(repo: str, data: str, tmp: str, out: str) -> None:
     resumed = run(load_sft_config("configs/sft_tiny.yaml", base + [f"train.log_dir={tmp}/cut"]), resume=True)
     with open(out, "w") as f:
         json.dump({"full": full, "resumed": resumed}, f)
+
+
+def release_layout_case(repo: str, model_dir: str, data: str, tmp: str, out: str) -> None:
+    """One SFT step from `model_dir` with its HF export: what the export writes is read by the test."""
+    from megatron_rl.sft import load_sft_config, run
+
+    os.chdir(repo)
+    summary = run(load_sft_config("configs/sft_tiny.yaml", [
+        "cluster.backend=local", f"model.path={model_dir}", f"data.files=['{data}']", "train.steps=1",
+        "train.global_batch_size=2", f"train.log_dir={tmp}/run"]))
+    with open(out, "w") as f:
+        json.dump(summary, f)
