@@ -24,6 +24,7 @@ every rank. The path helpers (`latest_iteration`, `resolve_checkpoint`, `read_me
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shutil
@@ -36,12 +37,18 @@ import torch.distributed as dist
 
 from megatron_rl.fsutil import fsync_dir, write_text_atomic
 
+log = logging.getLogger(__name__)
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 META_FILE = "meta.json"
 EXTRA_DIR = "extra"
 HF_ASSETS_DIR = "hf_assets"
 DIST_CKPT_MARKER = "metadata.json"  # written by dist_checkpointing.save
-FORMAT_VERSION = 1
+#: 1: the first layout. 2: a Gated DeltaNet layer's output norm holds HF's plain gain ``w``; format 1 held
+#: ``w - 1`` (the norm was zero-centred like every other one), which `load_checkpoint` converts on load.
+FORMAT_VERSION = 2
+#: the Megatron parameters whose meaning changed in format 2 (only a GDN mixer has an ``out_norm``)
+_GDN_OUT_NORM_SUFFIX = "self_attention.out_norm.weight"
 
 #: HF files worth carrying with a checkpoint so it can be exported as an HF release: the side files of a Qwen3 /
 #: Qwen3.5 / Qwen3-VL hub repo, under transformers' names (CONFIG_NAME, GENERATION_CONFIG_NAME, the tokenizer's
@@ -394,6 +401,10 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
 
     it, d = resolve_checkpoint(ckpt_root, iteration)
     meta = read_meta(d)
+    version = meta.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"{d / META_FILE}: format_version {version!r} is newer than this code reads "
+                              f"({FORMAT_VERSION}); load it with the version that wrote it")
     want_optimizer = optimizer is not None and load_optimizer
     if want_optimizer and not meta.get("has_optimizer", False):
         raise CheckpointError(f"{d}: has no optimizer state (saved without one, e.g. by hf-to-mcore); "
@@ -418,6 +429,8 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
     if want_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(optimizer)
+    if version < 2:
+        _plain_gdn_out_norms(model_chunks, optimizer if want_optimizer else None, d)
     if opt_param_scheduler is not None and load_optimizer:
         if "opt_param_scheduler" not in loaded:
             raise CheckpointError(f"{d}: has no scheduler state; pass load_optimizer=False")
@@ -426,6 +439,31 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
     result = _load_extra(d, meta)
     result["iteration"] = it
     return result
+
+
+@torch.no_grad()
+def _plain_gdn_out_norms(model_chunks, optimizer, ckpt_dir: Path) -> None:
+    """Format 1 -> 2: a GDN output norm saved as ``w - 1`` becomes ``w``, in the model and, when the optimizer
+    state was loaded, in its fp32 main copies of half-precision params (fp32 params' shards are views of the
+    params, already done). Adam's moments need nothing: the gradient of ``w`` and of ``w - 1`` is the same."""
+    from megatron_rl.bridge.base import unwrap
+
+    norms = [p for chunk in model_chunks for name, p in unwrap(chunk).named_parameters()
+             if name.endswith(_GDN_OUT_NORM_SUFFIX)]
+    if not norms:
+        return
+    log.warning("%s: format 1 checkpoint of a Gated DeltaNet model; its output norms held w - 1 and are converted "
+                "to HF's plain gain w (bits the old form lost for gains outside [0.5, 2] do not come back)", ckpt_dir)
+    for p in norms:
+        p.add_(1.0)
+    targets = {id(p) for p in norms}
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]) if optimizer is not None else []:
+        for half_attr, main_attr in (("model_float16_groups", "shard_fp32_from_float16_groups"),
+                                     ("float16_groups", "fp32_from_float16_groups")):
+            for halves, mains in zip(getattr(opt, half_attr, []) or [], getattr(opt, main_attr, []) or []):
+                for half, main in zip(halves, mains):
+                    if id(half) in targets and main is not None:
+                        main.add_(1.0)
 
 
 def _allocate_fresh_optimizer_state(optimizer) -> None:

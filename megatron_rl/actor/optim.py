@@ -100,9 +100,33 @@ def build_optimizer(model: list, settings: OptimSettings, params_dtype: torch.dt
         grad_norm_skip_threshold=float(torch.finfo(torch.float32).max),
     )
     optimizer = get_megatron_optimizer(cfg, model)
+    align_mixed_dtype_group_order(optimizer)
     if settings.fused_adam:
         use_fused_torch_adam(optimizer)
     return optimizer
+
+
+def align_mixed_dtype_group_order(optimizer) -> int:
+    """Make the distributed optimizer's record of where each param sits in its group match the order it installed.
+
+    Why: megatron-core 0.19.2 records ``(group, position)`` per param in grad-buffer order, then installs each
+    group's params fp32 params first. A group that mixes dtypes (Qwen3.5's fp32 ``A_log`` / ``dt_bias`` among bf16
+    norms and biases) is reordered, so every optimizer-state save and load fetches another param's shard: saving
+    fails on a shape mismatch, or, where shapes agree, writes one param's state under another's name. Training is
+    unaffected. (Megatron-LM issue 2777; fixed upstream after 0.19.) Returns how many entries moved; 0 for groups
+    of one dtype and on a megatron that installs the recorded order."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    moved = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(opt, DistributedOptimizer):
+            continue
+        for group, (fp32_params, half_params) in enumerate(zip(opt.model_fp32_groups, opt.model_float16_groups)):
+            for position, param in enumerate((*fp32_params, *half_params)):
+                if opt.model_param_group_index_map.get(param) != (group, position):
+                    opt.model_param_group_index_map[param] = (group, position)
+                    moved += 1
+    return moved
 
 
 def use_fused_torch_adam(optimizer) -> int:
