@@ -26,6 +26,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+try:   # bound here, before any candidate code runs, so a timed call's reseed neither imports nor looks it up
+    import numpy as np
+except ImportError:  # pragma: no cover - torch installs numpy
+    np = None
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # factories whose `device=` we set
@@ -130,11 +135,8 @@ def _seed_all(seed: int) -> None:
     else:   # (before CUDA starts torch.manual_seed queues its seeding; other accelerators, e.g. MUSA, go this way)
         torch.manual_seed(seed)
     random.seed(seed)
-    try:
-        import numpy as np
+    if np is not None:
         np.random.seed(seed % (2 ** 32))
-    except ImportError:  # pragma: no cover
-        pass
 
 
 def reseed_unpredictably() -> None:
