@@ -114,10 +114,15 @@ class ActorConfig(optim.OptimSettings):
 
 
 def _finalize_grads_without_token_scaling(model, num_tokens=None, pg_collection=None, force_all_reduce=False):
-    """megatron's finalize_model_grads minus its 1/num_tokens scaling (token weights did that)."""
+    """megatron's finalize_model_grads minus its 1/num_tokens scaling (token weights did that), plus the TP sum of
+    the grads megatron leaves partial (`megatron_rl.models.build.sum_tp_partial_grads`)."""
     from megatron.core.distributed import finalize_model_grads
 
-    return finalize_model_grads(model, None, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+    from megatron_rl.models.build import sum_tp_partial_grads
+
+    out = finalize_model_grads(model, None, pg_collection=pg_collection, force_all_reduce=force_all_reduce)
+    sum_tp_partial_grads(model)
+    return out
 
 
 class MegatronActor:

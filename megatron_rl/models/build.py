@@ -5,6 +5,9 @@ import torch
 
 from .spec import BuildOptions, ParallelSizes, spec_for
 
+#: attribute `build_model` sets on parameters whose gradients `sum_tp_partial_grads` adds up over TP
+TP_PARTIAL_GRAD = "tp_partial_grad"
+
 
 def te_available() -> bool:
     if not torch.cuda.is_available():
@@ -58,6 +61,9 @@ def build_model(hf_config, par: ParallelSizes, opt: BuildOptions | None = None, 
             **kwargs,
         )
         _cast_floating_params(model, opt.params_dtype, keep_fp32=spec.fp32_params)
+        for name, p in model.named_parameters():
+            if spec.tp_partial_grad_params and name.endswith(spec.tp_partial_grad_params):
+                setattr(p, TP_PARTIAL_GRAD, True)
         if torch.cuda.is_available():
             model.cuda(torch.cuda.current_device())
         chunks.append(model)
@@ -76,3 +82,33 @@ def _cast_floating_params(model: torch.nn.Module, dtype: torch.dtype, keep_fp32:
         want = torch.float32 if name.rsplit(".", 1)[-1] in keep_fp32 else dtype
         if p.is_floating_point() and p.dtype != want:
             p.data = p.data.to(want)
+
+
+def sum_tp_partial_grads(model_chunks) -> int:
+    """Sum over the TP group the gradients of params marked `TP_PARTIAL_GRAD` (``main_grad`` under megatron DDP),
+    after megatron's own grad finalisation and before the optimizer reads them; returns how many were summed.
+
+    Why: such a param (Qwen3.5's GDN output norm) is replicated on every TP rank but each rank applies it to its
+    own heads only, so each rank's gradient covers its heads. Left alone the replicas drift apart, the update is
+    not the model's gradient, and an export takes one rank's copy. megatron-core 0.19 sums only q/k layernorm grads
+    by name (``finalize_model_grads``); this does the same for the architecture's listed params."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    if ps.get_tensor_model_parallel_world_size() == 1:
+        return 0
+    grads = []
+    for chunk in model_chunks:
+        for p in chunk.parameters():
+            if getattr(p, TP_PARTIAL_GRAD, False) and p.requires_grad:
+                g = getattr(p, "main_grad", None)
+                g = p.grad if g is None else g
+                if g is not None:
+                    grads.append(g.data)
+    if grads:
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
+        for g, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(summed)
+    return len(grads)

@@ -63,6 +63,10 @@ class ModelSpec:
     bridge_cls: type | None = None
     #: parameter names (last component) kept in fp32 whatever ``params_dtype`` is
     fp32_params: tuple[str, ...] = ()
+    #: parameter name suffixes that are replicated over TP but applied to this rank's heads only, so each TP
+    #: rank's gradient is a part of the whole and the parts must be summed (megatron does that for q/k
+    #: layernorms by name and nothing else); `build_model` marks them `TP_PARTIAL_GRAD`
+    tp_partial_grad_params: tuple[str, ...] = ()
     #: the model cannot separate packed samples with an attention mask (recurrent layers), so
     #: packed micro-batches must use ``thd`` with ``cu_seqlens``
     needs_thd_packing: bool = False

@@ -33,6 +33,21 @@ def _actor(tp=1, pp=1, vpp=None, tied=False, layers=2, *, source=None, **overrid
     return actor, hf
 
 
+def _hybrid_actor(tp=1):
+    """The tiny Qwen3.5 hybrid (one Gated DeltaNet layer, one gated-attention layer) as an actor."""
+    from megatron_rl.actor import ActorConfig, MegatronActor
+    from megatron_rl.parallel import init_parallel
+    from tests.bridge.tiny_qwen3_5 import tiny_config, tiny_model
+
+    init_parallel(tp, 1)
+    cfg = tiny_config(layers=2, layer_types=["linear_attention", "full_attention"])
+    hf = tiny_model(cfg, seed=3)
+    actor = MegatronActor(ActorConfig(tp=tp, params_dtype="float32", attention_backend="sdpa", lr=LR, adam_eps=EPS,
+                                      clip_grad=0.0, max_tokens_per_gpu=64), cfg)
+    actor.load_hf(ref.hf_state(hf))
+    return actor, hf
+
+
 def _export(actor) -> dict[str, torch.Tensor]:
     return {n: t.detach().cpu().clone() for n, t in actor.export_hf()}
 
@@ -244,6 +259,16 @@ def two_ranks(out_dir: str) -> None:
     actor, hf = _actor(tp=2)
     check_logprobs(actor, hf, samples)
     check_sft_step(actor, hf, samples)
+
+    # TP=2 of the hybrid: the GDN output norm's gain is replicated but each rank applies it to its own value heads;
+    # its gradient is summed over TP, so the step equals HF's and the replicas stay equal
+    actor, hf = _hybrid_actor(tp=2)
+    check_sft_step(actor, hf, samples)
+    for name, p in actor.model[0].module.named_parameters():
+        if not getattr(p, "tensor_model_parallel", False):
+            copies = [torch.empty_like(p.data) for _ in range(2)]
+            dist.all_gather(copies, p.data.contiguous())
+            assert torch.equal(copies[0], copies[1]), f"TP replicas of {name} differ after a step"
 
     # DP=2: the batch is split over ranks; the update equals DP=1's
     actor, hf = _actor(tp=1)

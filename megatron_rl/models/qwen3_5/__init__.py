@@ -16,6 +16,8 @@ QWEN3_5 = register(ModelSpec(
     layer_spec=spec.layer_spec,
     bridge_cls=Qwen35Bridge,
     fp32_params=("A_log", "dt_bias"),
+    # the GDN output norm: one gain of the value-head width, applied to each of this rank's value heads
+    tp_partial_grad_params=("self_attention.out_norm.weight",),
     needs_thd_packing=True,
     text_config=spec.text_config,
 ))
