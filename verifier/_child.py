@@ -331,9 +331,53 @@ class StateGuard:
               "_global_is_full_backward_hook", "_global_forward_pre_hooks", "_global_forward_hooks",
               "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
 
-    def __init__(self, torch):
+    # process-wide flags of torch's global context that the checks above do not read, as (getter, setter) names in
+    # torch._C (a build without one skips it): SDPA backends (flash attention off made the reference's CPU SDPA
+    # 2.7x slower, and native code reaches the setters through `auto& c = at::globalContext()`), reduced-precision
+    # reductions, preferred BLAS/linear-algebra libraries, NNPACK and oneDNN, the quantized engine
+    _C_FLAGS = {name: ("_get_" + getter, "_set_" + setter) for name, getter, setter in (
+        ("flash_sdp", "flash_sdp_enabled", "sdp_use_flash"), ("math_sdp", "math_sdp_enabled", "sdp_use_math"),
+        ("mem_efficient_sdp", "mem_efficient_sdp_enabled", "sdp_use_mem_efficient"),
+        ("cudnn_sdp", "cudnn_sdp_enabled", "sdp_use_cudnn"), ("fa3_sdp", "fa3_sdp_enabled", "sdp_use_fa3"),
+        ("overrideable_sdp", "overrideable_sdp_enabled", "sdp_use_overrideable"),
+        ("sdp_priority_order", "sdp_priority_order", "sdp_priority_order"),
+        ("math_sdp_reduction", "math_sdp_allow_fp16_bf16_reduction", "math_sdp_allow_fp16_bf16_reduction"),
+        ("cpu_fp16_reduction", "cpu_allow_fp16_reduced_precision_reduction",
+         "cpu_allow_fp16_reduced_precision_reduction"),
+        ("cublas_fp16_reduction", "cublas_allow_fp16_reduced_precision_reduction",
+         "cublas_allow_fp16_reduced_precision_reduction"),
+        ("cublas_bf16_reduction", "cublas_allow_bf16_reduced_precision_reduction",
+         "cublas_allow_bf16_reduced_precision_reduction"),
+        ("cublas_fp16_accumulation", "cublas_allow_fp16_accumulation", "cublas_allow_fp16_accumulation"),
+        ("blas_backend", "blas_preferred_backend", "blas_preferred_backend"),
+        ("linalg_backend", "linalg_preferred_backend", "linalg_preferred_backend"),
+        ("nnpack", "nnpack_enabled", "nnpack_enabled"), ("mkldnn_deterministic", "mkldnn_deterministic",
+                                                         "mkldnn_deterministic"),
+        ("onednn_tf32", "onednn_allow_tf32", "onednn_allow_tf32"), ("qengine", "qengine", "qengine"),
+        ("sm_carveout", "sm_carveout_experimental", "sm_carveout_experimental"),
+        ("fill_uninitialized", "deterministic_fill_uninitialized_memory",
+         "deterministic_fill_uninitialized_memory"))}
+
+    def __init__(self, torch, kernels: dict[str, str] | None = None):
         from torch.nn.modules import module as nn_module
         self.torch, self.nn_module = torch, nn_module
+        # the dispatcher's registrations of every op (``dispatch_tables``) from before the candidate existed: a
+        # kernel registered over an existing op's (a torch::Library of kind IMPL, however its type is spelled)
+        # runs inside the reference's timed calls. All ops are compared at chosen points (``full``: 0.1 s), the
+        # ops the reference dispatches (``watch``) before every timed batch; a registration cannot be undone
+        self.kernels = kernels or {}
+        self.watched: list[str] = []
+        self._by_name: dict[str, list[str]] = {}
+        for op in self.kernels:
+            self._by_name.setdefault(op.split(".")[0], []).append(op)
+        self._flags = {}
+        for key, (get, put) in self._C_FLAGS.items():
+            getter, setter = getattr(torch._C, get, None), getattr(torch._C, put, None)
+            try:
+                getter()
+            except Exception:   # absent from this build (or not readable here): not checked
+                continue
+            self._flags[key] = (getter, setter)
         self.expected = self._read()
 
     def _read(self) -> dict:
@@ -348,13 +392,28 @@ class StateGuard:
                 "dispatch_modes": torch._C._len_torch_dispatch_stack(),
                 "backends": (b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic,
                              b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32),
-                "module_hooks": hooks, "profile_function": sys.getprofile(), "trace_function": sys.gettrace()}
+                "module_hooks": hooks, "profile_function": sys.getprofile(), "trace_function": sys.gettrace(),
+                # thread-local dispatch keys (autocast on, autograd or a backend excluded): reported, not restored
+                "dispatch_tls": (str(torch._C._dispatch_tls_local_include_set()),
+                                 str(torch._C._dispatch_tls_local_exclude_set())),
+                **{key: getter() for key, (getter, _) in self._flags.items()}}
 
-    def check_and_restore(self) -> list[str]:
+    def watch(self, op_names) -> None:
+        """Check the registrations of these ops (profiler names, every overload) before every timed batch."""
+        self.watched = sorted({op for name in op_names for op in self._by_name.get(name, ())})
+
+    def replaced_kernels(self, full: bool = False) -> list[str]:
+        ops = list(self.kernels) if full else self.watched
+        return [op for op in ops if dispatch_tables(self.torch, [op]).get(op) != self.kernels[op]]
+
+    def check_and_restore(self, full: bool = False) -> list[str]:
         now = self._read()
         diff = [k for k, v in self.expected.items() if now[k] is not v and now[k] != v]
         for key in diff:
             self._restore(key)
+        replaced = self.replaced_kernels(full)
+        if replaced:
+            diff.append("the kernels of " + ", ".join(replaced[:3]))
         return diff
 
     def _restore(self, key: str) -> None:
@@ -374,6 +433,12 @@ class StateGuard:
         elif key == "dispatch_modes":
             while torch._C._len_torch_dispatch_stack() > e:
                 torch._C._pop_torch_dispatch_stack()
+        elif key in self._flags:
+            setter = self._flags[key][1]
+            try:
+                setter(*e) if isinstance(e, tuple) else setter(e)
+            except Exception:   # reported either way; a value this build cannot set back stays reported
+                pass
         elif key == "backends":
             (b.mkldnn.enabled, b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic, b.cudnn.allow_tf32,
              b.cuda.matmul.allow_tf32) = e
@@ -384,6 +449,18 @@ class StateGuard:
                       "matmul_precision": torch.set_float32_matmul_precision}.get(key)
             if setter is not None:   # inference mode cannot be left from outside its context: reported only
                 setter(e)
+
+
+def dispatch_tables(torch, names=None) -> dict[str, str]:
+    """Each op's registrations as the dispatcher describes them (kernels by dispatch key, with where they were
+    registered); ``names`` default to every op."""
+    out = {}
+    for name in torch._C._dispatch_get_all_op_names() if names is None else names:
+        try:
+            out[name] = torch._C._dispatch_dump(name)
+        except Exception:
+            out[name] = ""
+    return out
 
 
 def _op_namespaces(torch) -> set[str]:
@@ -411,6 +488,8 @@ class DeviceSession:
         self._precision.__enter__()                        # TF32 off for the reference timed here too
         self._warm_profiler()
         self._warm_digests()
+        self.kernels = dispatch_tables(torch)                # before any task or candidate (StateGuard)
+        self._full_check = False                           # the next integrity check compares every op's kernels
         self.task = None                                   # arrives with the "load" request
         self.client = ExtensionClient(chan, self.backend)
         self.client.install()
@@ -568,7 +647,7 @@ class DeviceSession:
                    c for c in vars(self.task).values() if isinstance(c, type) and c.__module__ == self.task.__name__]
         self._guarded = (modules, classes)
         self.harness = HarnessGuard(modules, classes)
-        self.state = StateGuard(torch)
+        self.state = StateGuard(torch, self.kernels)
         self._harness_changed, self._state_check = self.harness.changed, self.state.check_and_restore
         self._ns_before = _op_namespaces(torch)
         self._bg_base = self._bg_cpu_ms()
@@ -580,11 +659,13 @@ class DeviceSession:
         self._bg_base += self._bg_cpu_ms() - bg_before
         self._threads_base = self._threads()
         self.state.expected = self.state._read()
+        self.state.kernels = dispatch_tables(self.torch, list(self.state.kernels))
         self.harness = HarnessGuard(*self._guarded)
         self._harness_changed = self.harness.changed
 
     def after_import(self) -> None:
         self.own_namespaces = _op_namespaces(self.torch) - self._ns_before
+        self._full_check = True
 
     @staticmethod
     def _threads() -> int:
@@ -605,7 +686,8 @@ class DeviceSession:
         patched = self._harness_changed() if self.harness else []
         if patched:
             self._finding("harness_patch", "replaced " + ", ".join(patched[:6]))
-        changed = self._state_check() if self.state else []
+        full, self._full_check = self._full_check, False
+        changed = self._state_check(full) if self.state else []
         if changed:
             self._finding("global_state", "changed " + ", ".join(changed[:6]))
         return self.findings
@@ -908,6 +990,7 @@ class DeviceSession:
         if self.flusher is None:
             nbytes = timing.flush_bytes(self.backend, _Cfg(self.job), 0)
             self.flusher = timing.CacheFlusher(self.device, nbytes)
+        self._full_check = True   # every op's kernels once more before timing; from now on the reference's ops
         if msg.get("compile_ref") and self.compiled_ref is None:
             self.integrity()
             bg = self._bg_cpu_ms()
@@ -917,6 +1000,13 @@ class DeviceSession:
         for runner in msg["runners"]:
             model = self._model(runner)
             self.integrity()
+            if runner == "ref" and self.state is not None:
+                args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
+                with self.backend.profiler() as prof:
+                    model(*args)
+                    self.timer.synchronize()
+                del args   # one input set at a time: a full-size task's inputs are gigabytes
+                self.state.watch({e.name for e in prof.function_events})
             if runner == "ref_compile":   # compiling may legitimately touch global state and start threads
                 bg = self._bg_cpu_ms()
             times, enqueues = [], []

@@ -4,8 +4,11 @@ Contract (ARCHITECTURE.md): the candidate is the last fenced Python block of a m
 (```python, ```py, ```python3, or an untagged fence whose content parses as Python), or the whole
 response when it is plain Python source. Blank blocks are skipped (a stray closing fence at the end
 opens one), and a last block that parses but defines no ``ModelNew`` (a usage example after the
-answer) gives way to the last block that defines it. Anything else is a ``format_error`` with a
-message the model can act on.
+answer) gives way to the last block that defines it. Info strings are read for their language
+(```python:model.py, ```{python}); an indented fence (in a list item) has its content dedented as CommonMark
+does; plain source that defines ModelNew is taken whole (fences in its docstrings are no markdown); after a
+reasoning section the answer past the last ``</think>`` wins where it defines ModelNew. Anything else is a
+``format_error`` with a message the model can act on.
 
 Normalisation before any parsing: a leading BOM is dropped and CRLF/CR line ends become LF (a correct
 candidate must not fail on its line endings). Source too deeply nested for the parser is a format error,
@@ -17,7 +20,11 @@ import ast
 import re
 
 PY_TAGS = {"python", "py", "python3", "py3"}
-_FENCE_OPEN = re.compile(r"^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
+# an opening fence may be indented (a list item's code: "1. Do this:" then "   ```python"); its content loses up to
+# as much indentation, as CommonMark has it, and its closing fence may be indented up to 3 columns more
+_FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
+# the language of an info string: "python", "python title=x.py", "python:model_new.py", "{python}", "{.python}"
+_INFO_TAG = re.compile(r"\{?\.?([\w+-]*)")
 _MAX_FENCE_RETRIES = 8   # later closing fences tried, over the whole response, for ```python blocks that do not
                          # parse at their first one (each try parses; bounded so a response of fences stays cheap)
 
@@ -67,24 +74,34 @@ def _fenced_blocks(text: str) -> list[tuple[str, str, bool]]:
         if not m:
             i += 1
             continue
-        fence, info = m.group("fence"), m.group("info").strip().split()
-        tag = info[0].lower() if info else ""
-        close = re.compile(r"^[ \t]{0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}[ \t]*$")
+        fence, indent = m.group("fence"), len(m.group("indent"))
+        tag = _INFO_TAG.match(m.group("info").strip()).group(1).lower()
+        close = re.compile(r"^[ \t]{0,%d}" % (indent + 3) + re.escape(fence[0]) + "{" + str(len(fence))
+                           + r",}[ \t]*$")
+        body = lambda end, start=i + 1, n=indent: "\n".join(_dedent(x, n) for x in lines[start:end])  # noqa: E731
         j = i + 1
         while j < len(lines) and not close.match(lines[j]):
             j += 1
-        if tag in PY_TAGS and j < len(lines) and tries < _MAX_FENCE_RETRIES and not _parses("\n".join(lines[i + 1:j])):
+        if tag in PY_TAGS and j < len(lines) and tries < _MAX_FENCE_RETRIES and not _parses(body(j)):
             k = j + 1
             while k < len(lines) and tries < _MAX_FENCE_RETRIES:
                 if close.match(lines[k]):
                     tries += 1
-                    if _parses("\n".join(lines[i + 1:k])):
+                    if _parses(body(k)):
                         j = k
                         break
                 k += 1
-        blocks.append((tag, "\n".join(lines[i + 1:j]), j < len(lines)))
+        blocks.append((tag, body(j), j < len(lines)))
         i = j + 1
     return blocks
+
+
+def _dedent(line: str, n: int) -> str:
+    """``line`` without up to ``n`` columns of leading blanks (the indentation of its block's opening fence)."""
+    k = 0
+    while k < n and k < len(line) and line[k] in " \t":
+        k += 1
+    return line[k:]
 
 
 def _parses(src: str) -> bool:
@@ -104,6 +121,23 @@ def _defines_model_new(src: str) -> bool:
 
 
 def _select(text: str) -> str:
+    """The candidate: plain Python source that defines ModelNew as it is (fences inside its strings are no markdown);
+    in a response with a reasoning section, the answer after the last ``</think>`` where it holds a ModelNew (a fence
+    the reasoning opened and never closed swallowed the answer's opening fence, and the answer did not parse)."""
+    if _defines_model_new(text):
+        return text
+    end = text.rfind("</think>")
+    if end >= 0:
+        try:
+            answer = _select_blocks(text[end + len("</think>"):])
+        except FormatError:
+            answer = None
+        if answer is not None and _defines_model_new(answer):
+            return answer
+    return _select_blocks(text)
+
+
+def _select_blocks(text: str) -> str:
     blocks = _fenced_blocks(text)
     code = [(content, closed) for tag, content, closed in blocks
             if tag in PY_TAGS or (tag == "" and _parses(content))]

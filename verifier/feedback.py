@@ -46,7 +46,16 @@ def cheating(rule: str, message: str, ops: Iterable[str] = ()) -> str:
 
 
 def compile_error(log: str, limit: int = 1200) -> str:
-    return "Compilation failed:\n" + (log.strip()[-limit:] if log.strip() else "(no compiler output)")
+    """The log's beginning and its end. The log is ``build.compiler_excerpt``'s, which starts at the compiler's
+    first error: its tail alone (an ambiguous call's candidate notes and include chains run to kilobytes) left the
+    model only ``In file included from ...`` lines and never the error."""
+    text = log.strip()
+    if not text:
+        return "Compilation failed:\n(no compiler output)"
+    if len(text) > limit:
+        head = text[:limit * 2 // 3]
+        text = head + "\n[...]\n" + text[-(limit - len(head)):]
+    return "Compilation failed:\n" + text
 
 
 def runtime_error(where: str, error: str, traceback: str = "", limit: int = 1200) -> str:

@@ -75,9 +75,13 @@ _NATIVE_CODE_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p,
      "dynamic_code"),
     (r"\b(cuda|musa|hip)StreamCreate\w*|\bgetStreamFromPool\b|\bgetStreamFromExternal\b"
      r"|\b(cuda|musa)StreamCreateWithPriority\b|\bcu(da)?StreamCreate\b|\bcuStreamCreate\w*", "stream_creation"),
+    # registering kernels for ops that exist already: what TORCH_LIBRARY_IMPL expands to (a torch::Library of kind
+    # IMPL, _TORCH_LIBRARY_IMPL, TorchLibraryInit) and the older RegisterOperators replace aten's kernels for the
+    # reference too (a slow aten::relu made an honest relu kernel 45x faster than the reference it was timed against)
     (r"\bTORCH_LIBRARY_IMPL\b|\bTORCH_LIBRARY_FRAGMENT\b"
      r"|\bTORCH_LIBRARY\s*\(\s*(aten|prim|prims|mkldnn|mkl|quantized|_quantized|onednn|profiler)\b"
-     r"|\bDispatcher\b|\bOperatorHandle\b|\bregisterKernel\b", "monkey_patching"),
+     r"|\bDispatcher\b|\bOperatorHandle\b|\bregisterKernel\b|\bLibrary\b|\b_TORCH_LIBRARY\w*|\bTorchLibraryInit\b"
+     r"|\bRegisterOperators\b", "monkey_patching"),
     # ATen kernels called around the dispatcher (the profiler sees no op) and host math libraries
     (r"(?<![\w:])(at::)?(native|cpu|meta|_ops|redispatch|compositeexplicitautograd\w*|compositeimplicitautograd\w*"
      r"|cpublas|vml)::|\bnamespace\s+(native|cpu|meta|_ops|redispatch)\b|\bredispatch\w*|\bcblas_\w+"
@@ -99,7 +103,9 @@ _NATIVE_CODE_PATTERNS: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p,
      r"|[Pp]rofiler|ThreadLocalDebugInfo|ThreadLocalState|[Kk]ineto)\w*", "profiler_probe"),
     (r"\bSet(CPU|CUDA|MUSA)?Allocator\b|\bsetAllocator\w*|\w*CachingAllocator::(set\w*|emptyCache|init"
      r"|recordHistory|attach\w*)\b", "runtime_policy"),
-    (r"\bglobalContext\s*\(\s*\)\s*\.\s*set\w*|\bgetDefault\w*Generator\b|\bat::manual_seed\b",
+    # the global context only as `globalContext().getter(...)`: a setter, or the context kept in a reference or
+    # pointer (`auto& c = at::globalContext(); c.setSDPUseFlash(false)`), changes what the reference runs with
+    (r"\bglobalContext\b(?:\s*\(\s*\)\s*\.\s*set\w*)?(?!\s*\(\s*\)\s*\.\s*(?!set)[A-Za-z_]\w*\s*\()|\bgetDefault\w*Generator\b|\bat::manual_seed\b",
      "global_torch_state"),
     (r"##|%:%:", "native_source"),                                      # token pasting (and its digraph)
     (r"[\w)\]]\s*(__asm__|__asm|asm)\s*\(|\b(section|weakref|alias|ifunc|symver)\s*\(|\\[uU][0-9A-Fa-f]{4}"
