@@ -23,6 +23,7 @@ every rank. The path helpers (`latest_iteration`, `resolve_checkpoint`, `read_me
 """
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -44,9 +45,13 @@ META_FILE = "meta.json"
 EXTRA_DIR = "extra"
 HF_ASSETS_DIR = "hf_assets"
 DIST_CKPT_MARKER = "metadata.json"  # written by dist_checkpointing.save
-#: 1: the first layout. 2: a Gated DeltaNet layer's output norm holds HF's plain gain ``w``; format 1 held
-#: ``w - 1`` (the norm was zero-centred like every other one), which `load_checkpoint` converts on load.
+#: 1: the first layout. 2: a Gated DeltaNet layer's output norm holds HF's plain gain ``w``. Format-1 checkpoints
+#: saved before the code changed to the plain gain (`GDN_PLAIN_GAIN_SINCE`) hold ``w - 1`` (the norm was
+#: zero-centred like every other one), which `load_checkpoint` converts on load.
 FORMAT_VERSION = 2
+#: when the plain GDN output gain landed (commit df24adc); format 2 came hours later, so format-1 checkpoints saved
+#: between the two already hold ``w``. A format-1 checkpoint's ``saved_at`` tells which it is.
+GDN_PLAIN_GAIN_SINCE = datetime.datetime(2026, 12, 5, 1, 49, 17, tzinfo=datetime.timezone.utc)
 #: the Megatron parameters whose meaning changed in format 2 (only a GDN mixer has an ``out_norm``)
 _GDN_OUT_NORM_SUFFIX = "self_attention.out_norm.weight"
 
@@ -429,7 +434,7 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
     if want_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(optimizer)
-    if version < 2:
+    if version < 2 and _holds_gdn_gain_minus_one(meta):
         _plain_gdn_out_norms(model_chunks, optimizer if want_optimizer else None, d)
     if opt_param_scheduler is not None and load_optimizer:
         if "opt_param_scheduler" not in loaded:
@@ -439,6 +444,16 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
     result = _load_extra(d, meta)
     result["iteration"] = it
     return result
+
+
+def _holds_gdn_gain_minus_one(meta: dict) -> bool:
+    """Whether a format-1 checkpoint stored GDN output norms as ``w - 1``: saved before `GDN_PLAIN_GAIN_SINCE` (or
+    with no readable ``saved_at``, the oldest layout)."""
+    try:
+        saved = datetime.datetime.strptime(meta["saved_at"], "%Y-%m-%dT%H:%M:%S%z")
+    except (KeyError, TypeError, ValueError):
+        return True
+    return saved < GDN_PLAIN_GAIN_SINCE
 
 
 @torch.no_grad()

@@ -3,9 +3,10 @@
 - Its param groups mix dtypes (fp32 ``A_log`` / ``dt_bias`` among bf16 norms): every param's fp32 main copy and Adam
   moments come back to that param after a save and a load (megatron-core 0.19.2 mismatched them,
   `megatron_rl.actor.optim.align_mixed_dtype_group_order`).
-- Format versions: a format-1 checkpoint of a Gated DeltaNet model held its output norms as ``w - 1`` (zero-centred
-  like every other norm); loading it now gives HF's plain gain ``w`` in the model and in the optimizer's fp32 main
-  copies. A checkpoint from a newer format is refused by name."""
+- Format versions: a format-1 checkpoint of a Gated DeltaNet model saved before the plain gain landed held its output
+  norms as ``w - 1`` (zero-centred like every other norm); loading it now gives HF's plain gain ``w`` in the model
+  and in the optimizer's fp32 main copies. One saved after (format 2 came hours later) is loaded as it is. A
+  checkpoint from a newer format is refused by name."""
 import json
 
 import pytest
@@ -117,6 +118,12 @@ def _format_one_case(root: str) -> None:
     meta = json.load(open(meta_path))
     assert meta["format_version"] == FORMAT_VERSION == 2
     meta["format_version"] = 1
+    meta["saved_at"] = "2026-12-04T21:00:00-0500"   # 02:00 UTC on the 5th: after the plain gain landed
+    json.dump(meta, open(meta_path, "w"))
+    held = _bf16_trainer(cfg)[0]
+    load_checkpoint(root, held, load_optimizer=False)   # such a format-1 checkpoint holds what it holds
+    assert all(torch.equal(p, norms[n]) for n, p in _norms(held).items())
+    meta["saved_at"] = "2026-12-04T20:30:00-0500"   # 01:30 UTC: before, so w - 1
     json.dump(meta, open(meta_path, "w"))
 
     fresh, fresh_opt = _bf16_trainer(cfg)
