@@ -111,9 +111,11 @@ class Bridge:
     name: str = "base"
     hf_model_types: tuple[str, ...] = ()
     hf_architectures: tuple[str, ...] = ()
-    #: where a checkpoint may keep the language model's HF names: the text class's layout and the multimodal
-    #: one's. Conversions ship either under either model_type, so the weights decide (`for_names`).
-    lm_prefixes: tuple[str, ...] = ("model.", "model.language_model.")
+    #: where a checkpoint may keep the language model's HF names: the text class's layout, the multimodal
+    #: one's, and a base model's (``Qwen3Model.save_pretrained``, as Qwen3-Embedding ships: no prefix, which
+    #: transformers' causal-LM classes load too). Conversions ship any of them under either model_type, so the
+    #: weights decide (`for_names`).
+    lm_prefixes: tuple[str, ...] = ("model.", "model.language_model.", "")
     #: the `layout` facts a bridge reads; `save_source_layout` records them beside ``single_file``
     LAYOUT_KEYS = ("lm_prefix", "duplicates")
 
@@ -193,8 +195,10 @@ class Bridge:
 
     def passthrough_hf_names(self, names: Sequence[str]) -> list[str]:
         """Names in an HF checkpoint the Megatron model does not hold but an export must reproduce
-        verbatim (a vision tower, an MTP head). Checkpoints carry them as files beside the weights."""
-        return []
+        verbatim (a vision tower, an MTP head). Checkpoints carry them as files beside the weights.
+        The base class carries the `ignorable_hf_names` (stale rotary buffers): accepted, so an export gives
+        back the tensors it was given; an architecture adds its own."""
+        return self.ignorable_hf_names(names)
 
     def ignorable_hf_names(self, names: Sequence[str]) -> list[str]:
         """Names in an HF checkpoint that carry no weights (e.g. stale rotary buffers)."""

@@ -59,6 +59,19 @@ def partial_rotary_factor(hf) -> float:
     return 1.0 if partial is None else float(partial)
 
 
+def quantization_problems(*configs) -> list[str]:
+    """A quantized checkpoint (fp8 blocks with ``weight_scale_inv``, GPTQ/AWQ ``qweight``...) holds other tensors
+    than the spec's weights: named by the config field, not by the tensors it adds or lacks. `configs`: the
+    top-level config and the language model's (a multimodal config keeps the field at its top)."""
+    for cfg in configs:
+        q = getattr(cfg, "quantization_config", None)
+        if q:
+            method = q.get("quant_method") if isinstance(q, dict) else getattr(q, "quant_method", None)
+            return [f"quantization_config (quant_method={method!r}): "
+                    f"quantized weights are not supported; convert the unquantized (bf16/fp16/fp32) release"]
+    return []
+
+
 def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
@@ -105,7 +118,7 @@ def decoder_problems(hf, par: ParallelSizes, extra_sizes: tuple[str, ...] = ()) 
 
 def validate(hf, par: ParallelSizes) -> None:
     """Reject every HF field value the local/TE GPT spec would silently compute differently."""
-    problems = decoder_problems(hf, par)
+    problems = decoder_problems(hf, par) + quantization_problems(hf)
     if getattr(hf, "use_sliding_window", False):
         problems.append("use_sliding_window=True: sliding-window attention is not supported")
     lt = getattr(hf, "layer_types", None)

@@ -115,5 +115,7 @@ class Qwen35Bridge(Bridge):
     def passthrough_hf_names(self, names):
         # a vision tower goes with the multimodal layout, whichever model_type the config names
         if self.multimodal or any(n.startswith(MULTIMODAL_PREFIX) for n in names):
-            return [n for n in names if n.startswith(PASSTHROUGH_PREFIXES)]
-        return [n for n in names if n.startswith("mtp.")]
+            own = [n for n in names if n.startswith(PASSTHROUGH_PREFIXES)]
+        else:
+            own = [n for n in names if n.startswith("mtp.")]
+        return own + [n for n in super().passthrough_hf_names(names) if n not in own]

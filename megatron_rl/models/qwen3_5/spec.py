@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..norms import PlainGain, RMSNorm
-from ..qwen3.spec import (decoder_problems, head_dim, partial_rotary_factor, rope_problems, rope_theta,
-                          transformer_config_kwargs)
+from ..qwen3.spec import (decoder_problems, head_dim, partial_rotary_factor, quantization_problems, rope_problems,
+                          rope_theta, transformer_config_kwargs)
 from ..spec import BuildOptions, ConfigMismatchError, ParallelSizes, padded_vocab_size
 
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -57,7 +57,7 @@ def layer_types(hf) -> list[str]:
 def validate(hf, par: ParallelSizes) -> None:
     """Reject every HF field the hybrid spec would compute differently, naming the field."""
     cfg = text_config(hf)
-    problems = decoder_problems(cfg, par, extra_sizes=GDN_SIZES)
+    problems = decoder_problems(cfg, par, extra_sizes=GDN_SIZES) + quantization_problems(hf, cfg)
     types = layer_types(hf)
     if len(types) != cfg.num_hidden_layers:
         problems.append(f"layer_types: {len(types)} entries for num_hidden_layers={cfg.num_hidden_layers}")
