@@ -33,6 +33,39 @@ def _csv(text: str | None) -> tuple[str, ...] | None:
     return None if not text else tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(text: str) -> str:
+    if text.lower() not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(_LOG_LEVELS)}, got {text!r}")
+    return text.lower()
+
+
+def _check_out_file(path: str | None, flag: str, inputs: Sequence[str] = ()) -> None:
+    """Refuse an output file path before any work: an existing folder, a parent that is a file, or one of the
+    command's input files (it would be replaced by the output)."""
+    if not path:
+        return
+    if os.path.isdir(path):
+        raise DataSynthError(f"{flag} {path}: is a folder (give a file path)")
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = next((d for d in [parent, *_parents(parent)] if os.path.exists(d)), None)
+    if existing is not None and not os.path.isdir(existing):
+        raise DataSynthError(f"{flag} {path}: {existing} is a file, not a folder")
+    for spec in inputs:
+        if spec and os.path.exists(path) and os.path.exists(spec) and os.path.samefile(path, spec):
+            raise DataSynthError(f"{flag} {path}: is also an input ({spec}); write the output elsewhere")
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
+
+
 def _dtypes(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for part in text.split(","):
@@ -68,11 +101,11 @@ def _add_refs(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m data_synth", description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
-    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--log-level", default="warning", type=_log_level, help=", ".join(_LOG_LEVELS))
     # the same options after the subcommand (SUPPRESS: an absent one does not reset the value given before it)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS, help="no progress bars")
-    common.add_argument("--log-level", default=argparse.SUPPRESS)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, type=_log_level)
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", parents=[common], help="generate a KernelBench-format task set")
@@ -228,6 +261,7 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
+    _check_out_file(args.report, "--report", [args.tasks])
     tasks = read_task_set(args.tasks)
     if args.out and os.path.exists(args.out) and not args.force:
         raise DataSynthError(f"{args.out} already exists (pass --force to replace it)")
@@ -246,6 +280,7 @@ def cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_decontaminate(args: argparse.Namespace) -> dict[str, Any]:
+    _check_out_file(args.report, "--report", [args.tasks])
     tasks = read_task_set(args.tasks)
     if args.out and os.path.exists(args.out) and not args.force:
         raise DataSynthError(f"{args.out} already exists (pass --force to replace it)")
@@ -269,6 +304,7 @@ def cmd_decontaminate(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_diagnose(args: argparse.Namespace) -> dict[str, Any]:
     cfg = DiagnoseConfig(alpha=args.alpha, min_weight=args.min_weight, max_weight=args.max_weight,
                          profile=not args.no_profile)
+    _check_out_file(args.out, "--out", [*args.results, *args.tasks])
     report = diagnose(args.results, args.tasks, cfg, progress=not args.no_progress)
     write_weights(args.out, report)
     return {"out": args.out, "weights": report.weights, "samples": report.samples,
@@ -298,6 +334,8 @@ def cmd_distill(args: argparse.Namespace) -> dict[str, Any]:
                         trials=args.trials, size_profile=args.size_profile, precision=args.precision,
                         style=args.style, compact_styles=_csv(args.compact_styles) or (),
                         farm=_device_workers(args))
+    _check_out_file(args.out, "--out", [args.tasks])
+    _check_out_file(args.verdicts, "--verdicts", [args.tasks, args.out])
     summary = distill(read_task_set(args.tasks), args.out, cfg, verdicts_path=args.verdicts,
                       progress=not args.no_progress)
     return summary.to_dict()
@@ -306,6 +344,9 @@ def cmd_distill(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_rft(args: argparse.Namespace) -> dict[str, Any]:
     from .rft import RFTConfig, run_rft
 
+    _check_out_file(args.out, "--out", [args.tasks])
+    _check_out_file(args.report, "--report", [args.tasks, args.out])
+    _check_out_file(args.pool, "--pool", [args.tasks, args.out])
     tokenizer = args.tokenizer
     if tokenizer is None:
         tokenizer = args.model if args.model and os.path.isfile(os.path.join(args.model, "tokenizer.json")) \

@@ -95,6 +95,13 @@ class DistillConfig:
         for name in ("samples", "turns", "concurrency", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise DataSynthError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.size_profile:
+            from verifier.size_profiles import parse_fit_profile
+
+            try:
+                parse_fit_profile(self.size_profile)
+            except ValueError as e:
+                raise DataSynthError(f"--size-profile: {e}") from None
         if self.endpoint is not None:
             u = urlparse(self.endpoint if "://" in self.endpoint else "http://" + self.endpoint)
             if u.scheme not in ("http", "https") or not u.hostname:
@@ -354,6 +361,29 @@ async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: Verifier
     return [r for r in results if r is not None]
 
 
+def _check_size_profile(profile: str | None, tasks: Sequence[GeneratedTask]) -> None:
+    """A manifest size profile that no task has would verify every task at its default sizes without a word."""
+    from verifier.size_profiles import ManifestError, find_manifest_entry, parse_fit_profile
+
+    if profile in (None, "", "cpu", "default") or parse_fit_profile(profile) is not None:
+        return
+
+    def sizes(t: GeneratedTask) -> dict:   # the farm finds a manifest entry by the task's path, as here
+        if t.sizes or not t.path:
+            return t.sizes or {}
+        try:
+            entry = find_manifest_entry(t.path)
+        except ManifestError:
+            return {}
+        return entry.sizes if entry is not None else {}
+
+    known = [sizes(t) for t in tasks]
+    if not any(profile in k for k in known):
+        have = sorted({p for k in known for p in k})
+        raise DataSynthError(f"--size-profile {profile}: no task of --tasks has this profile (profiles there: "
+                             f"{', '.join(have) or 'none'}); fit, fit:<MiB> or fit:<MiB>:<GFLOP> shrinks any task")
+
+
 def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, verdicts_path: str | None = None,
             progress: bool = True, farm_config: FarmConfig | None = None) -> DistillSummary:
     """Sample, verify and write SFT rows for ``tasks`` (read with ``taskset.read_task_set``)."""
@@ -362,6 +392,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
     missing = [t.task_id for t in tasks if t.path is None]
     if missing:
         raise DataSynthError(f"tasks must be on disk (write the task set first): {', '.join(missing[:5])}")
+    _check_size_profile(cfg.size_profile, tasks)
     t0 = time.time()
     groups: dict[str, list[GeneratedTask]] = {}
     for t in tasks:

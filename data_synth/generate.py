@@ -69,6 +69,10 @@ class GenConfig:
                 raise DataSynthError(f"dtypes: {d!r} must be one of {FLOAT_DTYPES} with a weight >= 0")
         if not any(w > 0 for w in self.dtypes.values()):
             raise DataSynthError("dtypes: at least one dtype needs a positive weight")
+        for name in ("noncontiguous", "odd_shapes"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v <= 1):
+                raise DataSynthError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {v!r}")
         if not 2 <= self.min_ops <= self.max_ops <= 5:
             raise DataSynthError(f"stage-2 op counts need 2 <= min_ops <= max_ops <= 5, got "
                                  f"{self.min_ops}..{self.max_ops}")

@@ -284,6 +284,10 @@ def run_rft(tasks: Sequence[GeneratedTask], out: str, cfg: RFTConfig, dcfg: Dist
     if model_dir is not None:
         from megatron_rl.rollout.local_engine import serve_embedded
 
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):   # bad input, before an engine starts
+            raise DataSynthError(f"--model {model_dir}: " + ("not an HF model dir (no config.json)"
+                                                            if os.path.isdir(model_dir) else "no such folder"))
+
         with serve_embedded(model_dir, seed=cfg.seed, threads=engine_threads,
                             log_dir=str(Path(out).parent / "rft_engine_logs")) as url:
             dcfg = dataclasses.replace(dcfg, endpoint=url, api="sglang")

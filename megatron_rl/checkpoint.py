@@ -120,6 +120,16 @@ def read_meta(ckpt_dir: str | os.PathLike) -> dict:
         raise CheckpointError(f"{path}: corrupt ({e})") from None
 
 
+def resume_problem(ckpt_root: str | os.PathLike) -> str | None:
+    """Why ``--resume`` cannot continue from `ckpt_root` (no checkpoint, an unreadable latest-iteration file), or
+    None: what a launcher reports as a usage error before it writes or starts anything."""
+    try:
+        found = latest_iteration(ckpt_root) is not None
+    except CheckpointError as e:
+        return f"--resume: {e}"
+    return None if found else f"--resume: no checkpoint under {ckpt_root} (train.ckpt_dir)"
+
+
 def resolve_checkpoint(ckpt_root: str | os.PathLike, iteration: int | None = None) -> tuple[int, Path]:
     """(iteration, directory) of the latest or the given checkpoint; raises CheckpointError."""
     root = Path(ckpt_root)

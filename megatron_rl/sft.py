@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron_rl.actor.actor import ActorConfig
-from megatron_rl.checkpoint import copy_hf_asset_dirs
+from megatron_rl.checkpoint import copy_hf_asset_dirs, resume_problem
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
                                 _omegaconf_problem, abs_path, hf_model_config)
@@ -148,7 +148,8 @@ def validate_sft(cfg: SFTConfig) -> None:
     a, c, d, t = cfg.actor, cfg.cluster, cfg.data, cfg.train
     need(bool(d.files), "data.files: give at least one SFT JSONL file (data.files=[a.jsonl] or --data a.jsonl)")
     for f in d.files:
-        need(abs_path(f).is_file(), f"data.files: {abs_path(f)} does not exist")
+        need(abs_path(f).is_file(), f"data.files: {abs_path(f)} "
+             + ("is a folder (give JSONL files)" if abs_path(f).is_dir() else "does not exist"))
     need(d.on_error in ("raise", "skip"), f"data.on_error must be raise or skip, got {d.on_error!r}")
     need(d.max_seq_len is None or d.max_seq_len >= 2, f"data.max_seq_len={d.max_seq_len} must be >= 2")
     need(t.epochs >= 1, f"train.epochs must be >= 1, got {t.epochs}")
@@ -329,9 +330,9 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resume and latest_iteration(cfg.ckpt_root) is None:
+    if resume and latest_iteration(cfg.ckpt_root) is None:   # before the run dir is made
         raise SystemExit(f"--resume: no checkpoint under {cfg.ckpt_root}")
+    run_dir.mkdir(parents=True, exist_ok=True)
     model_dir, tok_path = prepare_model(cfg, environment_tokenizer=False)
     tokenizer = load_tokenizer(tok_path)
     from megatron_rl.bridge.hf_dir import load_hf_config
@@ -433,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_sft_config(args.config, overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    problem = resume_problem(cfg.ckpt_root) if cfg.train.resume else None
+    if problem:   # a usage error: exit 2 before anything is started or written
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         summary = run(cfg, resume=cfg.train.resume)

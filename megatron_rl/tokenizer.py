@@ -254,6 +254,24 @@ def sft_texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
                 yield from contents
 
 
+def _out_problem(out: Path, data: list[Path]) -> str | None:
+    """Why ``--out`` may not be replaced by a tokenizer dir (None: it may). An existing folder is replaced whole
+    (an older tokenizer's files go), but not a file, a folder holding a --data file, or the working directory."""
+    if out.exists() and not out.is_dir():
+        return "is a file (give a folder to write the tokenizer to)"
+    resolved = out.resolve()
+    above = next((p for p in resolved.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"{above} is a file, not a folder"
+    for d in data:
+        if resolved == d.resolve().parent or resolved in d.resolve().parents:
+            return f"holds the --data file {d}, which replacing it would delete"
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents or resolved == Path.home().resolve():
+        return "is the working directory, one above it or the home directory: replacing it would delete them"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from megatron_rl.fsutil import rebuild_dir
 
@@ -272,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     missing = [d for d in a.data if not Path(d).is_file()]
     if missing:
         print(f"error: --data: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    problem = _out_problem(Path(a.out), [Path(d) for d in a.data])
+    if problem:
+        print(f"error: --out {a.out}: {problem}", file=sys.stderr)
         return 2
     try:
         tok = train_bpe(sft_texts(a.data), a.vocab_size, a.min_frequency, a.merge_within)

@@ -105,11 +105,11 @@ def run(cfg, resume: bool = False) -> dict:
     from megatron_rl.observability import PhaseTimer, RunLogger
 
     t_start = time.perf_counter()
+    if resume and latest_iteration(cfg.ckpt_root) is None:   # before the run dir (and its config.yaml) is written
+        raise SystemExit(f"--resume: no checkpoint under {cfg.ckpt_root}")
     logger = RunLogger(cfg.run_dir, dump_samples=False)  # the rollout side writes samples/ itself
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     print(f"[run] logs, samples and TensorBoard in {cfg.run_dir}", flush=True)
-    if resume and latest_iteration(cfg.ckpt_root) is None:
-        raise SystemExit(f"--resume: no checkpoint under {cfg.ckpt_root}")
     cluster = Cluster(cfg, *prepare_model(cfg))
     steps_done, failed = 0, 0
     try:
@@ -190,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    from megatron_rl.checkpoint import resume_problem   # (megatron_rl's heavy imports wait for a valid config)
+
+    problem = resume_problem(cfg.ckpt_root) if cfg.train.resume else None
+    if problem:   # a usage error like a bad key: exit 2 before anything is started or written
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         summary = run(cfg, resume=cfg.train.resume)

@@ -83,8 +83,14 @@ def cmd_port_musa(args: argparse.Namespace) -> int:
     from .musa_port import port_source
     if not os.path.isdir(args.src):
         raise UsageError(f"--src is not a folder: {args.src}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out is a file, not a folder: {args.out}")
+    src, out = os.path.realpath(args.src), os.path.realpath(args.out)
+    if os.path.commonpath([src, out]) == src:   # a later port would read the ported copies as sources
+        raise UsageError(f"--out {args.out} is inside --src {args.src}: write the ported copies elsewhere")
     files: dict[str, Any] = {}
-    for root, dirs, names in os.walk(args.src):
+    code: dict[str, str] = {}
+    for root, dirs, names in os.walk(args.src):   # every source is read and ported before anything is written
         dirs.sort()
         for name in sorted(n for n in names if n.endswith(".py")):
             rel = os.path.relpath(os.path.join(root, name), args.src)
@@ -93,8 +99,15 @@ def cmd_port_musa(args: argparse.Namespace) -> int:
                     ported = port_source(f.read())
             except UnicodeDecodeError as e:
                 raise UsageError(f"{rel}: not UTF-8 text ({e})") from e
-            _write_atomic(os.path.join(args.out, rel), ported.code)
+            except OSError as e:
+                raise UsageError(f"cannot read {os.path.join(root, name)}: {e.strerror or e}") from e
+            code[rel] = ported.code
             files[rel] = {"changes": ported.changes, "flags": ported.flags}
+    for rel, text in code.items():
+        try:
+            _write_atomic(os.path.join(args.out, rel), text)
+        except OSError as e:
+            raise UsageError(f"--out {args.out}: cannot write {rel}: {e.strerror or e}") from e
     manifest = {"note": "CUDA -> MUSA source port by rule table (verifier.musa_port); structural only, not run on "
                         "MUSA hardware", "files": files}
     _write_atomic(os.path.join(args.out, "port_manifest.json"), json.dumps(manifest, indent=1) + "\n")
@@ -254,6 +267,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if any(k < 1 for k in args.k):
         raise UsageError("--k values must be >= 1")
+    for flag, path in (("--out", args.out), ("--summary-json", args.summary_json)):   # before any verdict is made
+        if path and os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder (give a file path)")
+        parent = os.path.dirname(os.path.abspath(path)) if path else ""
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+        if path and os.path.isfile(path) and os.path.isfile(args.samples) and os.path.samefile(path, args.samples):
+            raise UsageError(f"{flag} {path} is the --samples file: it would be replaced by the results")
     tasks = _load_tasks(args.tasks)
     try:
         samples = read_samples(args.samples)

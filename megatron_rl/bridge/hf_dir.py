@@ -25,7 +25,8 @@ def load_hf_config(hf_dir: str | os.PathLike):
 
     path = Path(hf_dir) / "config.json"
     if not Path(hf_dir).is_dir():
-        raise HFCheckpointError(f"HF checkpoint directory {hf_dir} does not exist")
+        raise HFCheckpointError(f"HF checkpoint directory {hf_dir} "
+                                + ("is a file, not a directory" if Path(hf_dir).exists() else "does not exist"))
     if not path.is_file():
         raise HFCheckpointError(f"{path}: missing")
     try:
