@@ -7,6 +7,7 @@ end (readers never see a half-written file).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -149,12 +150,17 @@ class ResultsWriter:
 
     def finish(self, rows: Iterable[dict[str, Any]]) -> None:
         tmp = self.out_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.out_path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for r in rows:
+                    f.write(json.dumps(r, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.out_path)
+        except BaseException:   # the finished rows stay in the .partial file; no stray temp file beside them
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self._fh.close()
         os.unlink(self.partial_path)
 

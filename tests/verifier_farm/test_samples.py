@@ -91,3 +91,14 @@ def test_crash_keeps_partial_rows_and_torn_line_is_skipped(tmp_path):
         f.write('{"sample_id": "b", "catego')  # torn by the crash
     assert read_result_rows(out + ".partial") == [{"sample_id": "a"}]
     assert not os.path.exists(out)
+
+
+def test_a_publish_that_fails_keeps_the_partial_rows_and_leaves_no_temp_file(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.mkdir()   # the final rename cannot replace a folder
+    w = ResultsWriter(str(out))
+    w.append({"sample_id": "a"})
+    with pytest.raises(OSError):
+        w.finish([{"sample_id": "a"}])
+    assert read_result_rows(str(out) + ".partial") == [{"sample_id": "a"}]
+    assert not os.path.exists(str(out) + ".tmp")
