@@ -224,21 +224,28 @@ def abs_path(p: str) -> Path:
     return path if path.is_absolute() else REPO_ROOT / path
 
 
+def load_preset(path: str | os.PathLike) -> DictConfig:
+    """A YAML preset file: a mapping of sections (a `ConfigError` naming the file otherwise). Every launcher's
+    config (RL, SFT, recipe, plan) is read through this."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {path} is a folder, not a YAML file" if p.is_dir()
+                          else f"config file not found: {path}")
+    try:
+        preset = OmegaConf.load(p)
+    except Exception as e:  # noqa: BLE001 - YAML syntax errors are not OmegaConf's own type
+        raise ConfigError(f"{path}: not a valid YAML config ({str(e).splitlines()[0]})") from None
+    if not isinstance(preset, DictConfig):
+        raise ConfigError(f"{path}: a config preset must be a mapping of sections, got a list")
+    return preset
+
+
 def load_config(path: str | None, overrides: list[str] | None = None) -> RLConfig:
     """Preset YAML (optional) + dotted overrides -> a validated `RLConfig`."""
     schema = OmegaConf.structured(RLConfig)
     layers = [schema]
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            preset = OmegaConf.load(p)
-        except Exception as e:  # noqa: BLE001 - YAML syntax errors are not OmegaConf's own type
-            raise ConfigError(f"{path}: not a valid YAML config ({str(e).splitlines()[0]})") from None
-        if not isinstance(preset, DictConfig):
-            raise ConfigError(f"{path}: a config preset must be a mapping of sections, got a list")
-        layers.append(preset)
+        layers.append(load_preset(path))
     overrides = list(overrides or [])
     bad = [o for o in overrides if "=" not in o]
     if bad:

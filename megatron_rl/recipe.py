@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from data_synth.compact import STYLES, compact_answer, supported_ops
 from data_synth.decontam import Decontaminator, Reference
@@ -45,7 +45,7 @@ from data_synth.teacher import Unsupported
 from data_synth.util import atomic_write_jsonl, read_jsonl
 from data_synth.variants import variant_rows
 from data_synth.validate import ValidationConfig
-from megatron_rl.config import REPO_ROOT, ConfigError, abs_path
+from megatron_rl.config import REPO_ROOT, ConfigError, abs_path, load_preset
 from megatron_rl.evaluate import table_rows
 from megatron_rl.tokenizer import MERGE_WITHIN, MIN_BPE_VOCAB
 
@@ -114,12 +114,7 @@ class RecipeConfig:
 def load_recipe_config(path: str | None, overrides: list[str]) -> RecipeConfig:
     layers: list[Any] = [OmegaConf.structured(RecipeConfig)]
     if path:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file not found: {path}")
-        preset = OmegaConf.load(path)
-        if not isinstance(preset, DictConfig):
-            raise ConfigError(f"{path}: a recipe preset must be a mapping")
-        layers.append(preset)
+        layers.append(load_preset(path))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got {bad}")

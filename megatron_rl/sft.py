@@ -38,7 +38,7 @@ from megatron_rl.actor.actor import ActorConfig
 from megatron_rl.checkpoint import copy_hf_asset_dirs, resume_problem
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
-                                _omegaconf_problem, abs_path, hf_model_config)
+                                _omegaconf_problem, abs_path, hf_model_config, load_preset)
 from megatron_rl.fsutil import publish_dir, rebuild_dir
 from megatron_rl.observability import RunLogger
 
@@ -103,15 +103,7 @@ def load_sft_config(path: str | None, overrides: list[str] | None = None) -> SFT
     """Preset YAML + dotted overrides -> a validated `SFTConfig` (every problem reported at once, by key)."""
     layers: list[Any] = [OmegaConf.structured(SFTConfig)]
     if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            preset = OmegaConf.load(path)
-        except Exception as e:  # noqa: BLE001 - YAML syntax errors
-            raise ConfigError(f"{path}: not a valid YAML config ({str(e).splitlines()[0]})") from None
-        if not isinstance(preset, DictConfig):
-            raise ConfigError(f"{path}: a config preset must be a mapping of sections")
-        layers.append(preset)
+        layers.append(load_preset(path))
     overrides = list(overrides or [])
     bad = [o for o in overrides if "=" not in o]
     if bad:

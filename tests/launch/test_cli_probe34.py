@@ -221,3 +221,20 @@ def test_an_hf_dir_that_is_a_file_is_named_as_one(tmp_path):
         load_hf_config(f)
     with pytest.raises(HFCheckpointError, match="does not exist"):
         load_hf_config(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("loader", ["megatron_rl.config:load_config", "megatron_rl.sft:load_sft_config",
+                                    "megatron_rl.recipe:load_recipe_config"])
+def test_every_launcher_names_a_folder_or_bad_yaml_given_as_its_config(tmp_path, loader):
+    import importlib
+
+    from megatron_rl.config import ConfigError
+
+    module, name = loader.split(":")
+    load = getattr(importlib.import_module(module), name)
+    with pytest.raises(ConfigError, match="is a folder, not a YAML file"):
+        load(str(tmp_path), [])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not a valid YAML config"):
+        load(str(bad), [])
