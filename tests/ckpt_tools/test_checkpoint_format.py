@@ -18,14 +18,14 @@ from megatron_rl.parallel import spawn
 NORM = "self_attention.out_norm.weight"
 
 
-def _bf16_trainer(cfg):
+def _bf16_trainer(cfg, tp: int = 1):
     """bf16 params in DDP with the distributed optimizer's fp32 main copies, as the actor builds them (what a
     format-1 resume restores)."""
     from megatron_rl.actor.optim import OptimSettings, build_optimizer, wrap_ddp
     from megatron_rl.models import BuildOptions, ParallelSizes, build_model
 
     settings = OptimSettings(lr=1e-3, fused_adam=False)
-    model = wrap_ddp(build_model(cfg, ParallelSizes(1, 1), BuildOptions(params_dtype=torch.bfloat16)), settings)
+    model = wrap_ddp(build_model(cfg, ParallelSizes(tp, 1), BuildOptions(params_dtype=torch.bfloat16)), settings)
     return model, build_optimizer(model, settings, torch.bfloat16)
 
 
@@ -45,15 +45,17 @@ def _mains(opt, params):
     return out
 
 
-def _trained_hybrid():
-    """A tiny bf16 hybrid after one Adam step (an optimizer is saved once it has state)."""
+def _trained_hybrid(tp: int = 1):
+    """A tiny bf16 hybrid after one Adam step (an optimizer is saved once it has state), its grads finalised as the
+    actor does (the TP sums keep replicated params equal across ranks)."""
+    from megatron_rl.actor.actor import _finalize_grads_without_token_scaling
     from megatron_rl.bridge import get_bridge
     from tests.bridge.tiny_qwen3 import hf_tensors, tokens
     from tests.bridge.tiny_qwen3_5 import tiny_config, tiny_model
 
     cfg = tiny_config(layers=2, layer_types=["linear_attention", "full_attention"])
     hf = hf_tensors(tiny_model(cfg, seed=5))   # GDN output gains near 1, near 3.7 and near 1e-3
-    model, opt = _bf16_trainer(cfg)
+    model, opt = _bf16_trainer(cfg, tp)
     get_bridge(cfg).load_hf_into([m.module for m in model], hf)
     opt.reload_model_params()
     m, ids = model[0], tokens(cfg.vocab_size)
@@ -61,7 +63,7 @@ def _trained_hybrid():
     opt.zero_grad()
     pos = torch.arange(ids.shape[1] - 1).expand(ids.shape[0], -1)
     m(ids[:, :-1], pos, None, labels=ids[:, 1:]).float().mean().backward()
-    m.finish_grad_sync()
+    _finalize_grads_without_token_scaling(model)
     opt.step()
     return cfg, model, opt
 
@@ -79,17 +81,17 @@ def _installed_state(model, opt):
     return out
 
 
-def _mixed_groups_case(root: str) -> None:
+def _mixed_groups_case(root: str, tp: int) -> None:
     from megatron_rl.parallel import init_parallel
 
     torch.set_num_threads(1)
-    init_parallel(1, 1)
-    cfg, model, opt = _trained_hybrid()
+    init_parallel(tp, 1)
+    cfg, model, opt = _trained_hybrid(tp)
     kinds = {p.dtype for m in model for p in m.module.parameters()}
     assert kinds == {torch.bfloat16, torch.float32}, kinds
     before = _installed_state(model, opt)
     save_checkpoint(root, 1, model, opt, hf_config=cfg)
-    fresh, fresh_opt = _bf16_trainer(cfg)
+    fresh, fresh_opt = _bf16_trainer(cfg, tp)
     load_checkpoint(root, fresh, fresh_opt)
     after = _installed_state(fresh, fresh_opt)
     assert sorted(after) == sorted(before) and any(n.endswith("A_log") for n in before)
@@ -145,8 +147,9 @@ def _format_one_case(root: str) -> None:
 
 
 @pytest.mark.slow
-def test_mixed_dtype_groups_give_each_param_its_own_optimizer_state_back(tmp_path):
-    spawn(_mixed_groups_case, 1, str(tmp_path))
+@pytest.mark.parametrize("tp", [1, 2])
+def test_mixed_dtype_groups_give_each_param_its_own_optimizer_state_back(tmp_path, tp):
+    spawn(_mixed_groups_case, tp, str(tmp_path), tp)
 
 
 @pytest.mark.slow
