@@ -42,6 +42,88 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 _ERR_TAIL = 4000
 
 
+_getframe = sys._getframe
+# Every call of a model (correctness, ablation and hidden trials, warm-up, timed batches) starts at this Python stack
+# depth. A forward can measure its depth without any forbidden name (recursing until RecursionError, swallowed by a
+# context manager's __exit__): a trial's forward ran one frame shallower than a timed call's, so a candidate ran its
+# kernel where it was profiled (every trial, the hidden ones included) and PyTorch in the timed calls, whose outputs
+# the audits check by value only.
+CALL_DEPTH = 128
+
+
+def at_call_depth(runner):
+    """``runner()`` (a lambda that calls one harness function, which calls the model through one lambda) run with
+    ``runner``'s frame at Python stack depth ``CALL_DEPTH``, whatever the caller's depth. The padding is plain Python
+    calls (inlined by the interpreter: the C stack is the same as without it), outside any timed interval."""
+    frame, depth = _getframe(), 0
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    # this frame is at `depth`; _descend(k) runs from depth + 1 to depth + 1 + k, and calls runner one deeper
+    return _descend(max(0, CALL_DEPTH - depth - 2), runner)
+
+
+def _descend(k: int, runner):
+    if k:
+        return _descend(k - 1, runner)
+    return runner()
+
+
+def call_once(fn):
+    """``fn()``: a trial's model call goes through one harness frame, as a timed call goes through ``time_batch``."""
+    return fn()
+
+
+def _watch_calls(own: set, hits: list):
+    """Count in ``hits[0]`` the calls the Python code makes, until the returned function is called, into C functions
+    of the candidate's extensions (``own``: their module names) or C methods bound to objects of their classes. Only C
+    attributes are read: nothing of the candidate's Python (a ``__getattr__``, a ``__hash__``) runs in the hook.
+    Through ``sys.monitoring`` where there is one, with a callback of one frame, which runs where the callee's frame
+    will: a ``sys.setprofile`` hook is a frame below the deepest one, so a forward recursing until RecursionError
+    reached one frame less while watched (a trial) than in a timed call, and the error raised in the hook removed it."""
+    import types
+    method, builtin, module_type = types.MethodType, types.BuiltinFunctionType, types.ModuleType
+
+    def count(fn):
+        if type(fn) is method:
+            fn = fn.__func__
+        if type(fn) is builtin:
+            owner = fn.__self__
+            name = type(owner).__dict__.get("__module__") if type(owner) is not module_type else None
+            if (type(fn.__module__) is str and fn.__module__ in own) or (type(name) is str and name in own):
+                hits[0] += 1
+
+    monitoring = getattr(sys, "monitoring", None)
+    tool = None
+    if monitoring is not None:
+        tool = next((t for t in (3, 4) if monitoring.get_tool(t) is None), None)
+    if tool is None:
+        def profile(frame, event, fn):
+            if event == "c_call":
+                count(fn)
+        sys.setprofile(profile)
+        return lambda: sys.setprofile(None)
+
+    def on_call(code, offset, fn, arg0):   # one frame: count()'s body, inlined
+        if type(fn) is method:
+            fn = fn.__func__
+        if type(fn) is builtin:
+            owner = fn.__self__
+            name = type(owner).__dict__.get("__module__") if type(owner) is not module_type else None
+            if (type(fn.__module__) is str and fn.__module__ in own) or (type(name) is str and name in own):
+                hits[0] += 1
+
+    monitoring.use_tool_id(tool, "verifier-native-calls")
+    monitoring.register_callback(tool, monitoring.events.CALL, on_call)
+    monitoring.set_events(tool, monitoring.events.CALL)
+
+    def stop():
+        monitoring.set_events(tool, 0)
+        monitoring.register_callback(tool, monitoring.events.CALL, None)
+        monitoring.free_tool_id(tool)
+    return stop
+
+
 class ExtensionBuildFailed(RuntimeError):
     """A load_inline build failed (the parent ran the compiler); the message is the compiler log tail."""
 
@@ -910,18 +992,13 @@ class DeviceSession:
             self.client.ablator = self._ablated_call
         own, hits = self.client.module_names, [0]
 
-        def count_native(frame, event, fn):   # pybind methods of the candidate's classes, too
-            if event == "c_call" and own and (getattr(fn, "__module__", None) in own
-                                              or type(getattr(fn, "__self__", None)).__module__ in own):
-                hits[0] += 1
-
         inputs.reseed_unpredictably()
         with self.backend.profiler() as prof:
-            sys.setprofile(count_native)
+            stop = _watch_calls(own, hits)
             try:
-                out = self.new_model(*args)
+                out = at_call_depth(lambda: call_once(lambda: self.new_model(*args)))
             finally:
-                sys.setprofile(None)
+                stop()
                 self.client.ablator = None
             self.timer.synchronize()
         ms["trial_forward"], t = (now() - t) * 1e3, now()
@@ -1014,7 +1091,7 @@ class DeviceSession:
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
                 input_bytes = self._nbytes(args)
                 inputs.reseed_unpredictably()
-                out, ms, _ = self.timer.time_call(lambda: model(*args))
+                out, ms, _ = at_call_depth(lambda: self.timer.time_call(lambda: model(*args)))
                 enqueues.append(self.timer.last_enqueue_ms)
                 times.append(ms)
                 output_bytes[runner] = self._nbytes(out)
@@ -1074,7 +1151,7 @@ class DeviceSession:
         self.integrity()   # restores global state the candidate changed: the reference runs as it should
         gc.disable()
         try:
-            batch = self.timer.time_batch(calls, self.flusher, inputs.reseed_unpredictably)
+            batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, inputs.reseed_unpredictably))
         finally:
             gc.enable()
         from verifier.correctness import flatten_outputs

@@ -1306,6 +1306,10 @@ class _DeviceStage:
                 "timing_output_mismatch", "a call made while being timed was wrong ("
                 + str(judged["row"]["mismatch"] or "it modified or returned its inputs")
                 + "); the kernel must compute the result on every call"), rule="timing_output_mismatch", q=1.0)
+        # an ablation trial among the timed calls too: a decoy that counts its calls ran its kernel for real in the
+        # correctness phase (its ablation trial is always the call after the last correctness trial) and only then
+        # handed back allowed data movement beside a token native call
+        self._decoy_check(ref_model, 1.0)
 
     def _timing(self, ref_model, retry: bool = True) -> tuple[float, float, float | None]:
         import random
