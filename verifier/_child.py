@@ -84,7 +84,7 @@ def _watch_calls(own: set, hits: list):
     import types
     method, builtin, module_type = types.MethodType, types.BuiltinFunctionType, types.ModuleType
 
-    def count(fn):
+    def on_call(code, offset, fn, arg0):   # sys.monitoring's CALL callback: one frame, no calls of its own
         if type(fn) is method:
             fn = fn.__func__
         if type(fn) is builtin:
@@ -97,21 +97,12 @@ def _watch_calls(own: set, hits: list):
     tool = None
     if monitoring is not None:
         tool = next((t for t in (3, 4) if monitoring.get_tool(t) is None), None)
-    if tool is None:
+    if tool is None:   # no sys.monitoring (Python < 3.12) or its tool ids taken: the profile hook, a frame deeper
         def profile(frame, event, fn):
             if event == "c_call":
-                count(fn)
+                on_call(None, 0, fn, None)
         sys.setprofile(profile)
         return lambda: sys.setprofile(None)
-
-    def on_call(code, offset, fn, arg0):   # one frame: count()'s body, inlined
-        if type(fn) is method:
-            fn = fn.__func__
-        if type(fn) is builtin:
-            owner = fn.__self__
-            name = type(owner).__dict__.get("__module__") if type(owner) is not module_type else None
-            if (type(fn.__module__) is str and fn.__module__ in own) or (type(name) is str and name in own):
-                hits[0] += 1
 
     monitoring.use_tool_id(tool, "verifier-native-calls")
     monitoring.register_callback(tool, monitoring.events.CALL, on_call)
