@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from verifier.samples import output_file_problem
+
 from .decontam import DEFAULT_THRESHOLD, Decontaminator
 from .diagnose import DiagnoseConfig, diagnose, read_weights, write_weights
 from .distill import DistillConfig, EndpointError, distill
@@ -43,27 +45,16 @@ def _log_level(text: str) -> str:
 
 
 def _check_out_file(path: str | None, flag: str, inputs: Sequence[str] = ()) -> None:
-    """Refuse an output file path before any work: an existing folder, a parent that is a file, or one of the
-    command's input files (it would be replaced by the output)."""
+    """Refuse an output file path before any work: an existing folder, a parent that is a file
+    (`verifier.samples.output_file_problem`), or one of the command's input files (it would be replaced)."""
     if not path:
         return
-    if os.path.isdir(path):
-        raise DataSynthError(f"{flag} {path}: is a folder (give a file path)")
-    parent = os.path.dirname(os.path.abspath(path))
-    existing = next((d for d in [parent, *_parents(parent)] if os.path.exists(d)), None)
-    if existing is not None and not os.path.isdir(existing):
-        raise DataSynthError(f"{flag} {path}: {existing} is a file, not a folder")
+    problem = output_file_problem(path)
+    if problem:
+        raise DataSynthError(f"{flag} {path}: {problem}")
     for spec in inputs:
         if spec and os.path.exists(path) and os.path.exists(spec) and os.path.samefile(path, spec):
             raise DataSynthError(f"{flag} {path}: is also an input ({spec}); write the output elsewhere")
-
-
-def _parents(path: str) -> list[str]:
-    out = []
-    while os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-        out.append(path)
-    return out
 
 
 def _dtypes(text: str) -> dict[str, float]:

@@ -314,7 +314,6 @@ def _start_ranks(cfg: SFTConfig, model_dir: str):
 
 
 def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
-    from megatron_rl.checkpoint import latest_iteration
     from megatron_rl.observability import PhaseTimer
     from megatron_rl.sft_data import SFTDataError, load_samples
     from megatron_rl.tokenizer import load_tokenizer
@@ -322,8 +321,9 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     run_dir = cfg.run_dir
-    if resume and latest_iteration(cfg.ckpt_root) is None:   # before the run dir is made
-        raise SystemExit(f"--resume: no checkpoint under {cfg.ckpt_root}")
+    problem = resume_problem(cfg.ckpt_root) if resume else None
+    if problem:   # before the run dir is made
+        raise SystemExit(problem)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir, tok_path = prepare_model(cfg, environment_tokenizer=False)
     tokenizer = load_tokenizer(tok_path)

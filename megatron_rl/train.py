@@ -99,14 +99,15 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
 
 
 def run(cfg, resume: bool = False) -> dict:
-    from megatron_rl.checkpoint import latest_iteration
+    from megatron_rl.checkpoint import resume_problem
     from megatron_rl.cluster import Cluster
     from megatron_rl.config import to_yaml
     from megatron_rl.observability import PhaseTimer, RunLogger
 
     t_start = time.perf_counter()
-    if resume and latest_iteration(cfg.ckpt_root) is None:   # before the run dir (and its config.yaml) is written
-        raise SystemExit(f"--resume: no checkpoint under {cfg.ckpt_root}")
+    problem = resume_problem(cfg.ckpt_root) if resume else None
+    if problem:   # before the run dir (and its config.yaml) is written
+        raise SystemExit(problem)
     logger = RunLogger(cfg.run_dir, dump_samples=False)  # the rollout side writes samples/ itself
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     print(f"[run] logs, samples and TensorBoard in {cfg.run_dir}", flush=True)

@@ -263,18 +263,14 @@ def _load_tasks(specs: Sequence[str]) -> list[Any]:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .farm import FarmConfig, VerifierFarm
     from .metrics import format_table, summarize
-    from .samples import ResultsWriter, SamplesError, match_samples, read_samples, result_row
+    from .samples import ResultsWriter, SamplesError, match_samples, output_file_problem, read_samples, result_row
 
     if any(k < 1 for k in args.k):
         raise UsageError("--k values must be >= 1")
     for flag, path in (("--out", args.out), ("--summary-json", args.summary_json)):   # before any verdict is made
-        if path and os.path.isdir(path):
-            raise UsageError(f"{flag} {path}: is a folder (give a file path)")
-        parent = os.path.dirname(os.path.abspath(path)) if path else ""
-        while parent and not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if parent and not os.path.isdir(parent):
-            raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+        problem = output_file_problem(path) if path else None
+        if problem:
+            raise UsageError(f"{flag} {path}: {problem}")
         if path and os.path.isfile(path) and os.path.isfile(args.samples) and os.path.samefile(path, args.samples):
             raise UsageError(f"{flag} {path} is the --samples file: it would be replaced by the results")
     tasks = _load_tasks(args.tasks)

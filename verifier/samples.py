@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 
@@ -168,6 +169,18 @@ class ResultsWriter:
         """Stop writing but keep the partial file (used when the run did not finish)."""
         if not self._fh.closed:
             self._fh.close()
+
+
+def output_file_problem(path: str) -> str | None:
+    """Why an output file cannot be written at ``path`` (an existing folder, or a file where a parent folder
+    should be), checked before any work; None when it can. The command-line tools that write results files
+    (``verifier eval``, ``data_synth``) name their flag in front of it."""
+    if os.path.isdir(path):
+        return "is a folder (give a file path)"
+    above = next((d for d in Path(os.path.abspath(path)).parents if d.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"{above} is a file, not a folder"
+    return None
 
 
 def read_result_rows(path: str) -> list[dict[str, Any]]:
