@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -232,11 +233,15 @@ def load_preset(path: str | os.PathLike) -> DictConfig:
         raise ConfigError(f"config file {path} is a folder, not a YAML file" if p.is_dir()
                           else f"config file not found: {path}")
     try:
+        document = yaml.safe_load(p.read_text())
         preset = OmegaConf.load(p)
     except Exception as e:  # noqa: BLE001 - YAML syntax errors are not OmegaConf's own type
         raise ConfigError(f"{path}: not a valid YAML config ({str(e).splitlines()[0]})") from None
-    if not isinstance(preset, DictConfig):
-        raise ConfigError(f"{path}: a config preset must be a mapping of sections, got a list")
+    # OmegaConf reads a bare word as a key with no value ('foo' -> {foo: None}): ask YAML what the file holds
+    # (an empty or all-comment file is an empty preset: the defaults)
+    if document is not None and not isinstance(document, dict) or not isinstance(preset, DictConfig):
+        raise ConfigError(f"{path}: a config preset must be a mapping of sections, got a "
+                          f"{type(document).__name__} ({str(document)[:40]!r})")
     return preset
 
 
@@ -255,7 +260,7 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RLConfi
         OmegaConf.resolve(merged)
         problems: list[str] = []
     except Exception:  # noqa: BLE001 - OmegaConf's errors, and YAML's for an override value such as '[1,'
-        merged, problems = _merge_each(layers, overrides)
+        merged, problems = _merge_each(layers, overrides, source=path)
     if merged is not None:  # report what the good overrides still get wrong too: a run fails once, not per typo
         try:
             _apply_kernel_backend(merged, _sets_verifier_backend(layers[1:], overrides))
@@ -281,14 +286,15 @@ def _omegaconf_problem(e: OmegaConfBaseException) -> str:
     return f"{f'at {key!r}: ' if key else ''}{str(e).splitlines()[0]}"
 
 
-def _merge_each(base: list, overrides: list[str]):
+def _merge_each(base: list, overrides: list[str], source: str | os.PathLike | None = None):
     """(merged config without the bad overrides, one problem per bad key). OmegaConf stops at the first
-    bad key, so the preset and then each override are merged one by one to find all of them."""
+    bad key, so the preset and then each override are merged one by one to find all of them. A problem of
+    the preset names its file (``source``)."""
     try:
         merged = OmegaConf.merge(*base)
         OmegaConf.resolve(merged)
     except OmegaConfBaseException as e:
-        return None, [_omegaconf_problem(e)]
+        return None, [f"{f'{source}: ' if source else ''}{_omegaconf_problem(e)}"]
     problems = []
     for o in overrides:
         try:

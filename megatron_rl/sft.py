@@ -108,7 +108,7 @@ def load_sft_config(path: str | None, overrides: list[str] | None = None) -> SFT
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"overrides must look like key=value, got {bad}")
-    merged, problems = _merge_each(layers, overrides)
+    merged, problems = _merge_each(layers, overrides, source=path)
     if merged is not None and problems == ["the overrides do not merge with the preset"]:
         problems = []
     if merged is None:

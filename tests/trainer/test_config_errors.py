@@ -118,6 +118,19 @@ def test_bad_preset_files(tmp_path):
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(str(listed))
     assert any("cannot parse the value" in p for p in _problems(["train.steps=[1,"]))
+    bare = tmp_path / "bare.yaml"   # OmegaConf alone reads this as {'traine': None}: an unknown key, no file named
+    bare.write_text("traine\n")
+    with pytest.raises(ConfigError, match=f"{bare}: a config preset must be a mapping of sections, got a str"):
+        load_config(str(bare))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("traine:\n  steps: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(unknown))
+    assert len(e.value.problems) == 1, e.value.problems
+    assert e.value.problems[0].startswith(f"{unknown}: at 'traine': Key 'traine' not in 'RLConfig'"), e.value.problems
+    empty = tmp_path / "empty.yaml"   # all comments: the defaults
+    empty.write_text("# nothing set yet\n")
+    assert load_config(str(empty)) == load_config(None)
 
 
 def test_agent_context_defaults_to_what_the_engines_serve():
