@@ -30,12 +30,20 @@ def stable_hash(text: str, n: int = 16) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:n]
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to a temporary sibling and rename it over ``path``."""
+    """Write ``text`` to a temporary sibling and rename it over ``path`` (with the umask's mode, as a plain open
+    gives, not mkstemp's 0600: the rows and manifests are read by the next stage's job, perhaps another user's)."""
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=parent)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -58,13 +66,19 @@ def atomic_write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
 @contextlib.contextmanager
 def atomic_dir(path: str, force: bool = False) -> Iterator[str]:
     """Yield a temporary folder beside ``path``; on success it replaces ``path`` (an existing one only with
-    ``force``), on failure it is removed and ``path`` is untouched."""
+    ``force``), on failure it is removed and ``path`` is untouched. The temp and the replaced folder are hidden
+    (``.name.*``): a process killed while writing leaves them beside the task sets, and a parent folder's task walk
+    (`verifier.tasks.load_task_set`) skips hidden folders instead of loading half a task set. The folder gets the
+    umask's mode, not mkdtemp's 0700."""
     path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):   # --force replaces an output folder, never a file
+        raise DataSynthError(f"{path} is a file, not an output folder")
     if os.path.exists(path) and not force:
         raise DataSynthError(f"{path} already exists (pass --force to replace it)")
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=parent)
+    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
     except BaseException:
@@ -72,7 +86,7 @@ def atomic_dir(path: str, force: bool = False) -> Iterator[str]:
         raise
     old = None
     if os.path.exists(path):
-        old = tempfile.mkdtemp(prefix=os.path.basename(path) + ".", suffix=".old", dir=parent)
+        old = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", suffix=".old", dir=parent)
         os.rmdir(old)
         os.replace(path, old)
     os.replace(tmp, path)

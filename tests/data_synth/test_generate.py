@@ -134,3 +134,13 @@ def test_family_restriction_and_weights_steer_sampling():
     assert scans > base + 10
     with pytest.raises(DataSynthError, match="unknown family"):
         GenConfig(weights={"bogus": 1.0})
+
+
+def test_force_never_replaces_a_file_with_a_task_folder(tmp_path, capsys):
+    """--force replaces an earlier output folder; a file at the output path is refused and kept (it was replaced,
+    and a hidden copy of it left beside it, before)."""
+    out = tmp_path / "notes.txt"
+    out.write_text("keep me")
+    assert cli.main(["--no-progress", "generate", "--n", "2", "--out", str(out), "--force"]) == 2
+    assert "is a file, not an output folder" in capsys.readouterr().err
+    assert out.read_text() == "keep me" and os.listdir(tmp_path) == ["notes.txt"]
