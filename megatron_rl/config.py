@@ -21,28 +21,17 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron_rl.actor.actor import ActorConfig
 from megatron_rl.algorithms import AdvantageConfig, BDRConfig, PolicyLossConfig
+from megatron_rl.presets import ConfigError, load_preset  # noqa: F401 - every launcher imports them from here
 from megatron_rl.rollout.agent import AgentConfig
 from verifier.config import VerifierConfig
 from verifier.farm import FarmConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ConfigError(ValueError):
-    """Configuration problems, reported before the run starts; `problems` lists each, naming its key."""
-
-    def __init__(self, problems: str | list[str]):
-        self.problems = [problems] if isinstance(problems, str) else [p for p in problems if p]
-        if len(self.problems) == 1 and not isinstance(problems, list):
-            super().__init__(self.problems[0])
-        else:
-            super().__init__("invalid config:\n  - " + "\n  - ".join(self.problems))
 
 
 @dataclasses.dataclass
@@ -223,26 +212,6 @@ def abs_path(p: str) -> Path:
     """A config path: ~ expanded, relative ones from the repository root."""
     path = Path(os.path.expanduser(p))
     return path if path.is_absolute() else REPO_ROOT / path
-
-
-def load_preset(path: str | os.PathLike) -> DictConfig:
-    """A YAML preset file: a mapping of sections (a `ConfigError` naming the file otherwise). Every launcher's
-    config (RL, SFT, recipe, plan) is read through this."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {path} is a folder, not a YAML file" if p.is_dir()
-                          else f"config file not found: {path}")
-    try:
-        document = yaml.safe_load(p.read_text())
-        preset = OmegaConf.load(p)
-    except Exception as e:  # noqa: BLE001 - YAML syntax errors are not OmegaConf's own type
-        raise ConfigError(f"{path}: not a valid YAML config ({str(e).splitlines()[0]})") from None
-    # OmegaConf reads a bare word as a key with no value ('foo' -> {foo: None}): ask YAML what the file holds
-    # (an empty or all-comment file is an empty preset: the defaults)
-    if document is not None and not isinstance(document, dict) or not isinstance(preset, DictConfig):
-        raise ConfigError(f"{path}: a config preset must be a mapping of sections, got a "
-                          f"{type(document).__name__} ({str(document)[:40]!r})")
-    return preset
 
 
 def load_config(path: str | None, overrides: list[str] | None = None) -> RLConfig:

@@ -46,6 +46,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from megatron_rl.presets import ConfigError, load_preset
+
 GiB = 1024 ** 3
 GB = 1e9
 
@@ -702,14 +704,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.nodes < 1 or a.gpus_per_node < 1:
             raise PlanError(f"--nodes and --gpus-per-node must be >= 1 (got {a.nodes}, {a.gpus_per_node})")
         path = Path(a.config)
-        if not path.is_file():
-            raise PlanError(f"config file not found: {a.config}")
         try:
-            cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        except Exception as e:  # noqa: BLE001 - YAML errors come in several types
-            raise PlanError(f"{a.config}: not a YAML config ({str(e).splitlines()[0]})") from None
-        if not isinstance(cfg, dict):
-            raise PlanError(f"{a.config}: a config must be a mapping of sections")
+            cfg = OmegaConf.to_container(load_preset(path), resolve=False)
+        except ConfigError as e:
+            raise PlanError(str(e)) from None
         shape, source = resolve_shape(cfg.get("model") or {}, str(cfg.get("name") or path.stem), a.hf_config)
         over = {k: getattr(a, k) for k in ("prompts", "group_size", "max_turns", "prompt_tokens", "max_response_tokens",
                                            "mean_response_tokens", "feedback_tokens", "mean_turns")}
