@@ -449,11 +449,25 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
     if opt_param_scheduler is not None and load_optimizer:
         if "opt_param_scheduler" not in loaded:
             raise CheckpointError(f"{d}: has no scheduler state; pass load_optimizer=False")
+        _log_schedule_changes(opt_param_scheduler, loaded["opt_param_scheduler"], d)
         opt_param_scheduler.load_state_dict(loaded["opt_param_scheduler"])
 
     result = _load_extra(d, meta)
     result["iteration"] = it
     return result
+
+
+#: the LR schedule's fields a resume takes from the config (`optim.build_scheduler`), not from the checkpoint
+_SCHEDULE_FIELDS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style")
+
+
+def _log_schedule_changes(scheduler, saved: dict, ckpt_dir: Path) -> None:
+    """Name the schedule fields that differ from the checkpoint's: the config's win on resume (a longer run decays
+    over its own horizon), which the log should say."""
+    changed = [f"{k} {saved[k]} -> {getattr(scheduler, k)}" for k in _SCHEDULE_FIELDS
+               if k in saved and getattr(scheduler, k, saved[k]) != saved[k]]
+    if changed and _rank() == 0:
+        log.warning("%s: the LR schedule follows the config, not the checkpoint: %s", ckpt_dir, ", ".join(changed))
 
 
 def _holds_gdn_gain_minus_one(meta: dict) -> bool:

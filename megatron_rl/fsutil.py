@@ -32,12 +32,23 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def _mkdtemp_beside(target: Path) -> Path:
+    """A fresh hidden temp dir beside ``target``, with the mode a plain mkdir gives (the umask's), not mkdtemp's
+    0700: it is renamed into place, and an export or model dir readable only by its writer is unreadable to the
+    evaluation job or container of another user that the chain hands it to."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
 def publish_dir(build: Callable[[str], object], target: str | os.PathLike) -> Path:
     """Run ``build(tmp_dir)`` and rename the result to ``target``. If another process published
     ``target`` first, its copy is kept and ours is discarded (both were built from the same inputs)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = _mkdtemp_beside(target)
     try:
         build(str(tmp))
         try:
@@ -68,7 +79,7 @@ def rebuild_dir(build: Callable[[str], object], target: str | os.PathLike) -> Pa
     """Like `publish_dir`, but a ``target`` that exists is replaced (`replace_dir`) instead of kept."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = _mkdtemp_beside(target)
     try:
         build(str(tmp))
         return replace_dir(tmp, target)

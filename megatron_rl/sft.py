@@ -317,13 +317,15 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     from megatron_rl.observability import PhaseTimer
     from megatron_rl.sft_data import SFTDataError, load_samples
     from megatron_rl.tokenizer import load_tokenizer
-    from megatron_rl.train import prepare_model
+    from megatron_rl.train import begin_fresh_run, prepare_model
 
     t_start = time.perf_counter()
     run_dir = cfg.run_dir
     problem = resume_problem(cfg.ckpt_root) if resume else None
     if problem:   # before the run dir is made
         raise SystemExit(problem)
+    if not resume:
+        begin_fresh_run(run_dir, cfg.ckpt_root)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir, tok_path = prepare_model(cfg, environment_tokenizer=False)
     tokenizer = load_tokenizer(tok_path)

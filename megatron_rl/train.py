@@ -98,6 +98,24 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
     return str(model_dir), tokenizer_path
 
 
+def begin_fresh_run(run_dir: Path, ckpt_root: Path) -> None:
+    """A run without ``--resume`` in a dir that holds an earlier run: that run's latest-checkpoint pointer is removed
+    (its ``iter_*`` dirs stay), so a fresh run killed before its first save is not resumed from the earlier run's
+    weights, and its ``metrics.jsonl`` moves to ``metrics.prev.jsonl``, so the report does not mix the two runs."""
+    from megatron_rl.checkpoint import LATEST_FILE
+    from megatron_rl.fsutil import fsync_dir
+
+    latest = Path(ckpt_root) / LATEST_FILE
+    if latest.is_file():
+        log.warning("%s: a fresh run (no --resume) in a dir holding checkpoints: --resume now continues this run, "
+                    "not iteration %s of the earlier one", ckpt_root, latest.read_text().strip()[:40])
+        latest.unlink()
+        fsync_dir(ckpt_root)
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        os.replace(metrics, metrics.with_name("metrics.prev.jsonl"))
+
+
 def run(cfg, resume: bool = False) -> dict:
     from megatron_rl.checkpoint import resume_problem
     from megatron_rl.cluster import Cluster
@@ -108,6 +126,8 @@ def run(cfg, resume: bool = False) -> dict:
     problem = resume_problem(cfg.ckpt_root) if resume else None
     if problem:   # before the run dir (and its config.yaml) is written
         raise SystemExit(problem)
+    if not resume:
+        begin_fresh_run(cfg.run_dir, cfg.ckpt_root)
     logger = RunLogger(cfg.run_dir, dump_samples=False)  # the rollout side writes samples/ itself
     (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
     print(f"[run] logs, samples and TensorBoard in {cfg.run_dir}", flush=True)

@@ -167,6 +167,10 @@ def build_scheduler(optimizer, settings: OptimSettings):
         end_wd=settings.weight_decay,
         wd_incr_steps=decay_steps,
         wd_incr_style="constant",
+        # on resume the schedule is this config's, at the checkpoint's step: megatron's default keeps the
+        # checkpoint's horizon, so a run resumed with more steps (SFT's decay follows train.steps) sat at min_lr
+        # past the old end without a word (`checkpoint.load_checkpoint` logs what changed)
+        override_opt_param_scheduler=True, use_checkpoint_opt_param_scheduler=False,
     )
 
 

@@ -1,0 +1,186 @@
+"""Flow probe 35: chaining and resuming the stages. A resumed run's LR schedule follows its config (a longer run
+decays over its own horizon); a fresh run in a run dir that holds an earlier run's checkpoint never lets --resume
+continue that earlier run, nor mixes its metrics into the report; a task set killed while it was written is not
+loaded from its parent folder; outputs handed to the next stage get the umask's mode, not mkdtemp's 0700/0600."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ROW = {"messages": [{"role": "user", "content": "write relu"}, {"role": "assistant", "content": "x = relu(x)"}]}
+
+
+# ------------------------------------------------------------------------------------------ LR schedule on resume
+
+
+def test_resumed_lr_schedule_follows_the_config():
+    """SFT's cosine horizon is its step count: resumed with more steps, megatron's default kept the checkpoint's
+    horizon and the LR sat at min_lr from the old end on (seen: lr 1e-3 from step 7 of 12 after a 4-step run)."""
+    from megatron_rl.actor.optim import OptimSettings, build_scheduler
+
+    def scheduler(decay_steps: int):
+        opt = SimpleNamespace(param_groups=[{"params": []}])
+        return build_scheduler(opt, OptimSettings(lr=1e-2, min_lr=1e-3, lr_warmup_init=1e-3, lr_warmup_steps=5,
+                                                  lr_decay_steps=decay_steps, lr_decay_style="cosine")), opt
+
+    short, _ = scheduler(6)
+    short.step(increment=4)
+    saved = short.state_dict()
+    resumed, opt = scheduler(12)          # the same run resumed with train.steps=12
+    resumed.load_state_dict(saved)
+    fresh, fresh_opt = scheduler(12)
+    fresh.step(increment=4)
+    assert resumed.lr_decay_steps == 12 and resumed.num_steps == 4
+    for _ in range(4):                    # steps 5..8: past the checkpoint's horizon of 6
+        resumed.step(increment=1)
+        fresh.step(increment=1)
+        assert opt.param_groups[0]["lr"] == pytest.approx(fresh_opt.param_groups[0]["lr"])
+    assert opt.param_groups[0]["lr"] > 1e-3 * 1.5
+
+
+# ------------------------------------------------------------------------------------------ fresh run in a used dir
+
+
+class _Stop(RuntimeError):
+    pass
+
+
+def _earlier_run(run_dir: Path) -> Path:
+    """A run dir as an earlier finished run leaves it: a checkpoint at iteration 10 and ten metrics rows."""
+    from megatron_rl.checkpoint import LATEST_FILE
+
+    ckpt = run_dir / "ckpt"
+    (ckpt / "iter_0000010").mkdir(parents=True)
+    (ckpt / "iter_0000010" / "metadata.json").write_text("{}")
+    (ckpt / LATEST_FILE).write_text("10")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": -1.0}) + "\n"
+                                                   for s in range(10)))
+    return ckpt
+
+
+def _check_fresh_start(run_dir: Path, ckpt: Path) -> None:
+    from megatron_rl.checkpoint import resume_problem
+
+    # killed before its first save: --resume must not continue the earlier run's iteration 10
+    assert resume_problem(ckpt) is not None
+    assert (ckpt / "iter_0000010").is_dir()                     # the earlier run's weights stay on disk
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text()
+    assert len((run_dir / "metrics.prev.jsonl").read_text().splitlines()) == 10
+
+
+def test_fresh_rl_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_path, monkeypatch):
+    import megatron_rl.cluster
+    import megatron_rl.train as train
+    from megatron_rl.config import load_config
+
+    run_dir = tmp_path / "run"
+    ckpt = _earlier_run(run_dir)
+    cfg = load_config(str(ROOT / "configs/quickstart.yaml"), [f"train.log_dir={run_dir}", "cluster.backend=local"])
+
+    def stop(*_a, **_k):
+        raise _Stop("killed before the first checkpoint")
+
+    monkeypatch.setattr(train, "prepare_model", stop)
+    monkeypatch.setattr(megatron_rl.cluster, "Cluster", stop)
+    with pytest.raises(_Stop):
+        train.run(cfg, resume=False)
+    _check_fresh_start(run_dir, ckpt)
+
+
+def test_fresh_sft_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_path, monkeypatch):
+    import megatron_rl.train as train
+    from megatron_rl.sft import load_sft_config, run
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps(ROW) + "\n")
+    run_dir = tmp_path / "sft"
+    ckpt = _earlier_run(run_dir)
+    cfg = load_sft_config(str(ROOT / "configs/sft_tiny.yaml"), [f"train.log_dir={run_dir}", f"data.files=['{data}']"])
+
+    def stop(*_a, **_k):
+        raise _Stop("killed before the first checkpoint")
+
+    monkeypatch.setattr(train, "prepare_model", stop)
+    with pytest.raises(_Stop):
+        run(cfg, resume=False)
+    _check_fresh_start(run_dir, ckpt)
+
+
+def test_resumed_run_keeps_its_checkpoint_pointer_and_metrics(tmp_path, monkeypatch):
+    """The other side: --resume touches neither (it continues iteration 10 and appends to its metrics)."""
+    import megatron_rl.train as train
+    from megatron_rl.checkpoint import resume_problem
+    from megatron_rl.sft import load_sft_config, run
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps(ROW) + "\n")
+    run_dir = tmp_path / "sft"
+    ckpt = _earlier_run(run_dir)
+    cfg = load_sft_config(str(ROOT / "configs/sft_tiny.yaml"), [f"train.log_dir={run_dir}", f"data.files=['{data}']"])
+
+    def stop(*_a, **_k):
+        raise _Stop("stop")
+
+    monkeypatch.setattr(train, "prepare_model", stop)
+    with pytest.raises(_Stop):
+        run(cfg, resume=True)
+    assert resume_problem(ckpt) is None
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 10
+
+
+# ------------------------------------------------------------------------------------------ data_synth outputs
+
+
+def test_task_set_killed_while_written_is_not_loaded_from_its_parent_folder(tmp_path):
+    """`generate --out tasks/s2` killed while writing: `evaluate --tasks tasks` (a parent folder walk) loaded the
+    half-written temp folder's tasks beside the complete set."""
+    from verifier.tasks import load_task_set
+
+    task = (ROOT / "verifier/tasks/level1/19_ReLU.py")
+    if not task.is_file():
+        task = next((ROOT / "verifier/tasks/level1").glob("*.py"))
+    tasks = tmp_path / "tasks"
+    (tasks / "s1").mkdir(parents=True)
+    (tasks / "s1" / "1_relu.py").write_text(task.read_text())
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from data_synth.util import atomic_dir\n"
+            "with atomic_dir(sys.argv[2]) as tmp:\n"
+            "    open(os.path.join(tmp, '1_half.py'), 'w').write(open(sys.argv[3]).read())\n"
+            "    os._exit(9)\n")
+    rc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(tasks / "s2"), str(task)]).returncode
+    assert rc == 9 and not (tasks / "s2").exists()
+    assert [t.task_id for t in load_task_set(str(tasks))] == ["s1/1_relu"]
+
+
+def test_data_synth_outputs_and_exports_get_the_umask_mode(tmp_path):
+    """mkstemp/mkdtemp make 0600 files and 0700 dirs: an SFT export, a task set or SFT rows renamed into place
+    with that mode are unreadable to the next stage's job run by another user (a shared cluster, a container)."""
+    from data_synth.util import atomic_dir, atomic_write_jsonl
+    from megatron_rl.fsutil import publish_dir, rebuild_dir
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_jsonl(str(tmp_path / "rows.jsonl"), [ROW])
+        with atomic_dir(str(tmp_path / "taskset")) as d:
+            Path(d, "t.py").write_text("x = 1\n")
+        rebuild_dir(lambda d: Path(d, "config.json").write_text("{}"), tmp_path / "hf")
+        publish_dir(lambda d: Path(d, "tokenizer.json").write_text("{}"), tmp_path / "tokenizer")
+    finally:
+        os.umask(old)
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(tmp_path / "rows.jsonl") == 0o644
+    for d in ("taskset", "hf", "tokenizer"):
+        assert mode(tmp_path / d) == 0o755, d
