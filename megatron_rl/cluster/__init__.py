@@ -98,6 +98,10 @@ class Cluster:
                                         with_reference=self.cfg.loss.kl_loss_coef > 0)
         start, history = 0, {"reward": []}
         if resume:
+            if "rollout" not in extra:   # e.g. an SFT run's checkpoint: RL starts from its HF export instead
+                raise SystemExit(f"--resume: the checkpoint in {self.cfg.ckpt_root} holds no RL run state (no rollout "
+                                 f"state: an SFT checkpoint?); to start RL from an SFT run, pass its HF export "
+                                 f"(--model SFT_RUN_DIR/hf) without --resume")
             start, history = int(extra["step"]), extra.get("history", history)
             resolve(self.rollout_mgr.load_state_dict.remote(extra["rollout"]))
             if extra.get("initial_model") not in (None, self.model_dir):

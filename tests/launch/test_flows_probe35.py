@@ -184,3 +184,20 @@ def test_data_synth_outputs_and_exports_get_the_umask_mode(tmp_path):
     assert mode(tmp_path / "rows.jsonl") == 0o644
     for d in ("taskset", "hf", "tokenizer"):
         assert mode(tmp_path / d) == 0o755, d
+
+
+def test_resuming_rl_from_an_sft_checkpoint_names_the_mixup(tmp_path):
+    """An SFT checkpoint has weights but no rollout state: `--resume` into it stops with what to do instead (it
+    raised KeyError: 'rollout' once the engines were up)."""
+    from megatron_rl.cluster import Cluster
+
+    class _SFTWeights:
+        def init_weights(self, ckpt_root, with_reference):
+            assert ckpt_root == str(tmp_path)
+            return {"step": 4, "losses": [1.0, 0.9, 0.8, 0.7]}   # what `megatron_rl.sft` saves as extra
+
+    cluster = Cluster.__new__(Cluster)
+    cluster.cfg = SimpleNamespace(ckpt_root=tmp_path, loss=SimpleNamespace(kl_loss_coef=0.0))
+    cluster.train = _SFTWeights()
+    with pytest.raises(SystemExit, match=r"holds no RL run state .*--model SFT_RUN_DIR/hf"):
+        cluster.start(resume=True)
