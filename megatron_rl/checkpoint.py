@@ -281,8 +281,11 @@ def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, 
     if rank == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
+            # this save's temp dir, and any a killed save left (of another iteration when a resumed run saves at
+            # other steps): saves are synchronous and one run writes a root, so none of them is in use. (A
+            # ``.iter_*.old`` may be the only copy of a checkpoint whose re-save was killed: it stays.)
+            for stale in root.glob(".iter_*.tmp"):
+                shutil.rmtree(stale)
             tmp.mkdir()
         except OSError as e:
             error[0] = f"cannot create {tmp}: {e}"

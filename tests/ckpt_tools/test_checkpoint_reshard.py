@@ -68,6 +68,7 @@ def _reshard_run(root):
         _train_step(model, opt, sched, ids)
     if rank == 0:
         os.makedirs(os.path.join(root, ".iter_0000002.tmp", "junk"))  # a crashed earlier save
+        os.makedirs(os.path.join(root, ".iter_0000001.tmp", "junk"))  # one of another iteration (other intervals)
     dist.barrier()
     path = save_checkpoint(root, 2, model, opt, sched, extra={"rank": rank, "data_pos": [7, 8]}, hf_config=cfg)
     assert path.endswith("iter_0000002") and latest_iteration(root) == 2
