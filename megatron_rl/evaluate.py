@@ -3,8 +3,8 @@
     python -m megatron_rl.evaluate --model MODEL --tasks DIR --samples 8 --turns 3 --backend cpu|cuda|musa --out DIR
 
 ``MODEL`` is an HF model dir, or any checkpoint this project writes, converted on the fly (``ckpt_tools
-mcore-to-hf`` into ``OUT/model_hf``): an SFT/RFT/RL run dir (its ``hf/`` export if there is one, else its
-``ckpt/``), a checkpoint root (``latest_checkpointed_iteration.txt``) or one ``iter_*`` dir. The tokenizer and chat
+mcore-to-hf`` into ``OUT/model_hf``): an SFT/RFT/RL run dir (its ``hf/`` export if there is one and no checkpoint was
+saved after it, else its latest checkpoint in ``ckpt/``), a checkpoint root (``latest_checkpointed_iteration.txt``) or one ``iter_*`` dir. The tokenizer and chat
 template come from the model dir (``--tokenizer`` overrides; qwen3-offline when it has none). A conversion already in
 ``OUT`` is reused only when it was made from the same checkpoint (``model_hf_iter*.source.json``).
 
@@ -133,6 +133,21 @@ def _is_hf_dir(p: Path) -> bool:
     return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
+def _checkpoint_newer_than_export(run_dir: Path) -> str | None:
+    """The name of a run dir's latest checkpoint if it was saved after the run's ``hf/`` export, else None (an export
+    is written after the final save, so a newer checkpoint means the run went on without exporting)."""
+    from megatron_rl.checkpoint import META_FILE, CheckpointError, resolve_checkpoint
+
+    if not (run_dir / "ckpt").is_dir():
+        return None
+    try:
+        _, ckpt = resolve_checkpoint(run_dir / "ckpt", None)
+        newer = (ckpt / META_FILE).stat().st_mtime_ns > (run_dir / "hf" / "config.json").stat().st_mtime_ns
+    except (CheckpointError, OSError):
+        return None
+    return ckpt.name if newer else None
+
+
 def _locate_model(spec: str) -> tuple[Path | None, Path | None, int | None]:
     """What ``spec`` is, read without loading or converting anything: ``(hf_dir, None, None)`` for an HF model dir
     (itself or a run's ``hf/`` export), ``(None, checkpoint_root, iteration)`` for a checkpoint (iteration None: the
@@ -145,7 +160,11 @@ def _locate_model(spec: str) -> tuple[Path | None, Path | None, int | None]:
     if _is_hf_dir(p):
         return p, None, None
     if (p / "hf").is_dir() and _is_hf_dir(p / "hf"):           # an SFT / RFT run dir
-        return p / "hf", None, None
+        newer = _checkpoint_newer_than_export(p)
+        if newer is None:
+            return p / "hf", None, None
+        print(f"[evaluate] {p}: its latest checkpoint ({newer}) was saved after its hf/ export (a resumed run that "
+              f"did not export again): evaluating the checkpoint", file=sys.stderr, flush=True)
     if (p / LATEST_FILE).is_file():
         root, iteration = p, None
     elif (p / "ckpt" / LATEST_FILE).is_file():                # an RL / SFT run dir

@@ -312,6 +312,30 @@ def test_out_holding_another_checkpoints_conversion_is_converted_again(tmp_path,
         resolve_model(str(b), out, progress=False)
 
 
+def test_a_run_dir_whose_checkpoint_is_newer_than_its_export_evaluates_the_checkpoint(tmp_path, monkeypatch, capsys):
+    """An SFT run resumed and extended but killed (or run with export off) keeps its old hf/: the newer checkpoint is
+    what the run trained, so it is converted instead (the stale export was taken without a word)."""
+    import os
+
+    import ckpt_tools.convert
+
+    conversions = []
+    monkeypatch.setattr(ckpt_tools.convert, "mcore_to_hf",
+                        lambda job: conversions.append(job.iteration) or _hf_stub(Path(job.out_dir)))
+    run = tmp_path / "sft_run"
+    _fake_checkpoint(run / "ckpt", 4)
+    _hf_stub(run / "hf")
+    old = (run / "ckpt" / "iter_0000004" / "meta.json").stat().st_mtime_ns
+    os.utime(run / "hf" / "config.json", ns=(old + 10**9, old + 10**9))    # exported after its step-4 save
+    out = tmp_path / "out"
+    out.mkdir()
+    assert resolve_model(str(run), out, progress=False) == str((run / "hf").resolve()) and not conversions
+    _fake_checkpoint(run / "ckpt", 12)
+    os.utime(run / "ckpt" / "iter_0000012" / "meta.json", ns=(old + 2 * 10**9, old + 2 * 10**9))   # resumed to 12
+    assert resolve_model(str(run), out, progress=False) == str(out / "model_hf_iter0000012") and conversions == [12]
+    assert "iter_0000012) was saved after its hf/ export" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_tiny_random_model_on_kernelbench_layout_writes_format_error_verdicts(tmp_path):
     from megatron_rl.check_sync import write_tiny_model
