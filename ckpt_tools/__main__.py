@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tp", type=_positive, default=1, help="ranks used to load (any value the model allows)")
     b.add_argument("--pp", type=_positive, default=1)
     b.add_argument("--dtype", default=None, help="output dtype (default: the checkpoint's params dtype)")
-    b.add_argument("--max-shard-size", type=_size, default="5GB", help="per safetensors file (default 5GB)")
+    b.add_argument("--max-shard-size", type=_size, default=None,
+                   help="per safetensors file (default: the source release's shard files when the checkpoint "
+                        "recorded them, else 5GB)")
     b.add_argument("--no-progress", action="store_true")
 
     c = sub.add_parser("verify", help="compare HF and Megatron logits on the same tokens")

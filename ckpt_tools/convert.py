@@ -19,13 +19,14 @@ import torch
 
 from megatron_rl.bridge import BridgeError, HFCheckpointError, LazyHFState, get_bridge
 from megatron_rl.bridge.hf_dir import (check_architectures, check_hf_input, follow_source_dtypes,
-                                      load_fp32_source_dtypes, load_hf_config, load_passthrough, load_source_layout)
+                                      load_fp32_source_dtypes, load_hf_config, load_passthrough, load_source_layout,
+                                      load_source_weight_map)
 from megatron_rl.checkpoint import (HF_ASSETS_DIR, META_FILE, CheckpointError, check_files, read_meta,
                                    resolve_checkpoint)
 from megatron_rl.models import ConfigMismatchError, ParallelSizes
 
 from .hf_io import (DEFAULT_MAX_SHARD_BYTES, PARAMS_DTYPES, ShardedSafetensorsWriter, config_dtype,
-                    config_from_dict, copy_assets, dtype_name, parse_dtype, write_hf_config)
+                    config_from_dict, copy_assets, dtype_name, follow_weight_map, parse_dtype, write_hf_config)
 from .ranks import ToolError, limit_threads, run_ranks, staged_output
 
 INPUT_ERRORS = (HFCheckpointError, ConfigMismatchError, BridgeError, CheckpointError, ValueError)
@@ -49,7 +50,9 @@ class McoreToHF:
     tp: int = 1
     pp: int = 1
     dtype: str | None = None  # None: the checkpoint's params dtype
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    #: None: the source release's shard files (names and contents) when the checkpoint recorded them, else
+    #: `DEFAULT_MAX_SHARD_BYTES`; a size packs the export into shards of at most that many bytes
+    max_shard_bytes: int | None = None
     iteration: int | None = None
     progress: bool = True
 
@@ -156,20 +159,23 @@ def mcore_to_hf(job: McoreToHF) -> Path:
         # a checkpoint converted before `load_hf_config` checked them may still carry wrong ones into the export
         check_architectures(cfg, f"{ckpt / META_FILE}: hf_config")
         out_dtype = parse_dtype(job.dtype) if job.dtype else parse_dtype(meta.get("params_dtype", "float32"))
-        if job.max_shard_bytes <= 0:
+        if job.max_shard_bytes is not None and job.max_shard_bytes <= 0:
             raise ValueError(f"max shard size must be positive, got {job.max_shard_bytes}")
         single_file = layout["single_file"]
+        weight_map = load_source_weight_map(ckpt / HF_ASSETS_DIR) if job.max_shard_bytes is None else None
     except INPUT_ERRORS as e:
         raise ToolError(str(e)) from None
     with staged_output(job.out_dir) as tmp:
         run_ranks(_mcore_to_hf_rank, job.tp * job.pp, str(Path(job.ckpt_dir).absolute()), job.iteration,
-                  str(tmp), job.tp, job.pp, dtype_name(out_dtype), job.max_shard_bytes, single_file, job.progress)
+                  str(tmp), job.tp, job.pp, dtype_name(out_dtype), job.max_shard_bytes or DEFAULT_MAX_SHARD_BYTES,
+                  single_file, weight_map, job.progress)
         write_hf_config(tmp, meta["hf_config"], out_dtype, bridge.hf_architectures)
         copy_assets(ckpt / HF_ASSETS_DIR, tmp)
     return Path(job.out_dir)
 
 
-def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shard_bytes, single_file, progress):
+def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shard_bytes, single_file, weight_map,
+                      progress):
     from megatron_rl.checkpoint import load_checkpoint
     from megatron_rl.models import BuildOptions, build_model
     from megatron_rl.parallel import init_parallel
@@ -184,8 +190,12 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
                          BuildOptions(params_dtype=params_dtype, perform_initialization=False))
     load_checkpoint(ckpt_root, chunks, iteration=iteration, load_optimizer=False)
     bridge = get_bridge(cfg, layout=load_source_layout(ckpt / HF_ASSETS_DIR))  # the source's names
-    # a source that was one model.safetensors comes back as one when it fits (`load_source_layout`)
-    writer = ShardedSafetensorsWriter(out_dir, max_shard_bytes, single_file) if info.rank == 0 else None
+    passthrough = load_passthrough(ckpt / HF_ASSETS_DIR) if info.rank == 0 else {}
+    # a source that was one model.safetensors comes back as one when it fits, a sharded one as the same shard
+    # files and index when they hold exactly the exported tensors (`load_source_layout`)
+    weight_map = follow_weight_map(weight_map, [*bridge.hf_param_names(), *passthrough])
+    writer = (ShardedSafetensorsWriter(out_dir, max_shard_bytes, single_file, weight_map=weight_map)
+              if info.rank == 0 else None)
     bar = _tqdm(total=len(bridge.hf_param_names()), desc="mcore-to-hf", unit="tensor",
                 disable=not progress or info.rank != 0)
     # fp32-kept tensors (GDN's A_log) that the source stored in the output dtype go back in it, byte for byte
@@ -198,5 +208,5 @@ def _mcore_to_hf_rank(ckpt_root, iteration, out_dir, tp, pp, out_dtype, max_shar
     bar.close()
     if writer is not None:
         # tensors the model does not hold (a multimodal checkpoint's vision tower, MTP), byte for byte
-        writer.add_all(load_passthrough(ckpt / HF_ASSETS_DIR).items())
+        writer.add_all(passthrough.items())
         writer.close()

@@ -1,7 +1,8 @@
 """Reading HF configs and writing HF releases (sharded safetensors + index + config + assets).
 
 The writer is streaming: tensors arrive one at a time (from `Bridge.export_hf`) and are packed
-into shards of at most `max_shard_bytes`; only the current shard is held in memory.
+into shards of at most `max_shard_bytes`; only the current shard is held in memory. Given a sharded source's
+weight map it writes the source's shard files instead, each once its tensors have all arrived.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 
@@ -69,43 +70,67 @@ class ShardedSafetensorsWriter:
     """Packs a stream of (name, tensor) into ``model-0000i-of-0000N.safetensors`` + index.
 
     `single_file`: the source release was one ``model.safetensors`` without an index; when everything fits one
-    shard it is written the same way, so an export reproduces the layout it was given."""
+    shard it is written the same way, so an export reproduces the layout it was given.
+    `weight_map` (tensor name -> file name, every tensor the stream will hold): the sharded source's layout, written
+    again file for file with its index instead of packing by `max_shard_bytes`. A file is written once all of its
+    tensors arrived; release shards follow the layer order an export streams in, so few are pending at a time."""
 
     def __init__(self, out_dir: str | os.PathLike, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                 single_file: bool = False):
+                 single_file: bool = False, weight_map: Mapping[str, str] | None = None):
         if max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_shard_bytes
         self.single_file = single_file
+        self.weight_map = dict(weight_map) if weight_map else None
+        self._expected: dict[str, int] = {}  # file -> how many tensors the weight map puts in it
+        for f in (self.weight_map or {}).values():
+            self._expected[f] = self._expected.get(f, 0) + 1
+        self._by_file: dict[str, dict[str, torch.Tensor]] = {}  # weight-map files still waiting for tensors
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
-        self._files: list[tuple[str, list[str]]] = []  # temp name, tensor names
+        self._files: list[tuple[str, list[str], str | None]] = []  # temp name, tensor names, final name
+        self._seen: set[str] = set()
         self.total_bytes = 0
+        self.total_params = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if name in self._pending or any(name in names for _, names in self._files):
+        if name in self._seen:
             raise ValueError(f"tensor {name!r} written twice")
         t = tensor.detach().to("cpu").contiguous()
         size = t.numel() * t.element_size()
-        if self._pending and self._pending_bytes + size > self.max_bytes:
-            self._flush()
-        self._pending[name] = t
-        self._pending_bytes += size
+        if self.weight_map is not None:
+            if name not in self.weight_map:
+                raise ValueError(f"tensor {name!r} is in no file of the source's weight map")
+            final = self.weight_map[name]
+            group = self._by_file.setdefault(final, {})
+            group[name] = t
+            if len(group) == self._expected[final]:
+                self._save(self._by_file.pop(final), final)
+        else:
+            if self._pending and self._pending_bytes + size > self.max_bytes:
+                self._flush()
+            self._pending[name] = t
+            self._pending_bytes += size
+        self._seen.add(name)
         self.total_bytes += size
+        self.total_params += t.numel()
 
     def add_all(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, t in items:
             self.add(name, t)
 
-    def _flush(self) -> None:
+    def _save(self, tensors: dict[str, torch.Tensor], final: str | None) -> None:
         from safetensors.torch import save_file
 
         tmp_name = f".shard-{len(self._files):05d}.safetensors.tmp"
-        save_file(self._pending, str(self.out / tmp_name), metadata={"format": "pt"})
+        save_file(tensors, str(self.out / tmp_name), metadata={"format": "pt"})
         os.chmod(self.out / tmp_name, 0o666 & ~_umask())  # safetensors creates files 0600
-        self._files.append((tmp_name, list(self._pending)))
+        self._files.append((tmp_name, list(tensors), final))
+
+    def _flush(self) -> None:
+        self._save(self._pending, None)
         self._pending, self._pending_bytes = {}, 0
 
     def close(self) -> list[str]:
@@ -113,25 +138,43 @@ class ShardedSafetensorsWriter:
         names."""
         if self._pending:
             self._flush()
+        if self.weight_map is not None:
+            missing = sorted(n for n, f in self.weight_map.items() if n not in self._seen)
+            if missing:
+                raise ValueError(f"{len(missing)} tensors of the source's weight map were never written, e.g. "
+                                 f"{missing[0]!r} of {self.weight_map[missing[0]]}")
         if not self._files:
             raise ValueError("no tensors were written")
         n = len(self._files)
-        if n == 1 and self.single_file:
-            tmp_name, _ = self._files[0]
+        if n == 1 and self.single_file and self.weight_map is None:
+            tmp_name, _, _ = self._files[0]
             _fsync_file(self.out / tmp_name)
             os.replace(self.out / tmp_name, self.out / SINGLE_NAME)
             return [SINGLE_NAME]
+        if self.weight_map is None:
+            self._files = [(tmp, names, f"model-{i + 1:05d}-of-{n:05d}.safetensors")
+                           for i, (tmp, names, _) in enumerate(self._files)]
         weight_map, names = {}, []
-        for i, (tmp_name, tensor_names) in enumerate(self._files):
-            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        for tmp_name, tensor_names, final in self._files:
             _fsync_file(self.out / tmp_name)
             os.replace(self.out / tmp_name, self.out / final)
             names.append(final)
             for t in tensor_names:
                 weight_map[t] = final
-        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        index = {"metadata": {"total_parameters": self.total_params, "total_size": self.total_bytes},
+                 "weight_map": dict(sorted(weight_map.items()))}
         (self.out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-        return names
+        return sorted(names)
+
+
+def follow_weight_map(weight_map: Mapping[str, str] | None, names: Iterable[str]) -> dict[str, str] | None:
+    """The source's `weight_map` when it places exactly the tensors an export writes (`names`) in plain shard files,
+    else None (pack by size): a map that misses or adds a tensor no longer describes this release, and an index may
+    name "./x" or "sub/x", which the export does not recreate."""
+    if not weight_map:
+        return None
+    plain = all(Path(f).name == f and f.endswith(".safetensors") and f != SINGLE_NAME for f in weight_map.values())
+    return dict(weight_map) if plain and set(weight_map) == set(names) else None
 
 
 def _umask() -> int:
@@ -151,7 +194,8 @@ def _fsync_file(path: Path) -> None:
 def write_hf_config(out_dir: str | os.PathLike, config_dict: dict, dtype: torch.dtype,
                     architectures: tuple[str, ...]) -> None:
     """config.json as transformers itself saves it (non-default fields only; no local paths such as
-    ``_name_or_path``), declaring the dtype the weights were written in.
+    ``_name_or_path``), declaring the dtype the weights were written in (a multimodal config's ``text_config``
+    too, where it declares one: it describes the language model's weights, not the source's).
 
     Two transformers-4 keys are added for older readers: ``torch_dtype`` (< 4.56 ignores ``dtype``)
     and, for plain RoPE, ``rope_theta`` (transformers 4 ignores ``rope_parameters`` and would
@@ -161,6 +205,11 @@ def write_hf_config(out_dir: str | os.PathLike, config_dict: dict, dtype: torch.
     cfg = json.loads(config.to_json_string(use_diff=True))
     cfg["dtype"] = dtype_name(dtype)
     cfg["torch_dtype"] = dtype_name(dtype)
+    text = cfg.get("text_config")
+    if isinstance(text, dict):  # the language model is what was written in `dtype` (a vision tower keeps its own)
+        for key in ("dtype", "torch_dtype"):
+            if text.get(key) is not None:
+                text[key] = dtype_name(dtype)
     rope = cfg.get("rope_parameters")
     if isinstance(rope, dict) and rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
         cfg.setdefault("rope_theta", rope["rope_theta"])

@@ -370,14 +370,15 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
     copied += copy_hf_asset_dirs(src, dst)
     if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
         from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, SOURCE_LAYOUT_FILE,
-                                               save_fp32_source_dtypes, save_passthrough, save_source_layout)
+                                               SOURCE_WEIGHT_MAP_FILE, save_fp32_source_dtypes, save_passthrough,
+                                               save_source_layout)
 
         if save_passthrough(src, dst):  # tensors the model does not hold (a vision tower), for the export
             copied.append(PASSTHROUGH_FILE)
         if save_fp32_source_dtypes(src, dst):  # the dtype a release stored A_log in, for the export
             copied.append(FP32_SOURCE_DTYPES_FILE)
-        save_source_layout(src, dst)  # one model.safetensors or shards, for the export
-        copied.append(SOURCE_LAYOUT_FILE)
+        save_source_layout(src, dst)  # one model.safetensors, or which shard holds each tensor, for the export
+        copied += [SOURCE_LAYOUT_FILE] + ([SOURCE_WEIGHT_MAP_FILE] if (dst / SOURCE_WEIGHT_MAP_FILE).is_file() else [])
     return copied
 
 

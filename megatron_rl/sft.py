@@ -207,7 +207,7 @@ class SFTWorker(TrainWorker):
     def export_hf(self, out_dir: str, assets_dir: str) -> str | None:
         """The current weights as an HF model dir (safetensors, config.json, tokenizer and chat template from
         ``assets_dir``), written beside ``out_dir`` and renamed over it. Collective; rank 0 writes."""
-        from ckpt_tools.hf_io import ShardedSafetensorsWriter, copy_assets, write_hf_config
+        from ckpt_tools.hf_io import ShardedSafetensorsWriter, copy_assets, follow_weight_map, write_hf_config
         from megatron_rl.bridge import LazyHFState, get_bridge
         from megatron_rl.bridge.hf_dir import follow_source_dtypes, fp32_source_dtypes
         from megatron_rl.bridge.hf_state import SINGLE_NAME
@@ -224,11 +224,16 @@ class SFTWorker(TrainWorker):
 
         def build(d: str) -> None:
             bridge = get_bridge(self.actor.hf_config, hf_names=state.keys())
-            writer = ShardedSafetensorsWriter(d, single_file=state.files == [SINGLE_NAME])
+            passthrough = bridge.passthrough_hf_names(list(state.keys()))
+            single = state.files == [SINGLE_NAME]
+            # a sharded starting model's shard files and index, as `mcore-to-hf` writes them back
+            weight_map = None if single else follow_weight_map(state.weight_map,
+                                                               [*bridge.hf_param_names(), *passthrough])
+            writer = ShardedSafetensorsWriter(d, single_file=single, weight_map=weight_map)
             # A_log/dt_bias back in the dtype the starting model stored them in, as `mcore-to-hf` writes them
             writer.add_all(follow_source_dtypes(stream, fp32_source_dtypes(bridge, state), self.actor.cfg.torch_dtype))
             # tensors the model does not hold (a vision tower), as they were
-            writer.add_all((n, state.read(n)) for n in bridge.passthrough_hf_names(list(state.keys())))
+            writer.add_all((n, state.read(n)) for n in passthrough)
             writer.close()
             write_hf_config(d, self.actor.hf_config.to_dict(), self.actor.cfg.torch_dtype,
                             bridge.hf_architectures)

@@ -201,16 +201,24 @@ def load_passthrough(assets_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 #: plus the bridge's naming facts where they differ from the config's defaults (`Bridge.layout_for`: the language
 #: model's prefix, a tied ``lm_head.weight`` stored anyway)
 SOURCE_LAYOUT_FILE = "source_layout.json"
+#: file beside it for a sharded source: which shard file held each tensor (its index's ``weight_map``), so an export
+#: writes the same shard files and index rather than repacking the tensors by size
+SOURCE_WEIGHT_MAP_FILE = "source_weight_map.json"
 
 
 def save_source_layout(hf_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> dict:
-    """Record `hf_dir`'s weights layout in ``dst_dir/SOURCE_LAYOUT_FILE``; returns it. Single file means what
-    transformers (and `LazyHFState`) read is ``model.safetensors`` alone."""
+    """Record `hf_dir`'s weights layout in ``dst_dir/SOURCE_LAYOUT_FILE`` (and a sharded source's weight map in
+    ``SOURCE_WEIGHT_MAP_FILE``); returns the layout. Single file means what transformers (and `LazyHFState`) read
+    is ``model.safetensors`` alone."""
     state = LazyHFState(hf_dir)
     layout = {"single_file": state.files == [SINGLE_NAME],
               **get_bridge(load_hf_config(hf_dir), hf_names=state.keys()).layout}
     dst = Path(dst_dir)
     dst.mkdir(parents=True, exist_ok=True)
+    weight_map = state.weight_map
+    # only plain shard names beside the config can be written again (an index may name "./x" or "sub/x")
+    if not layout["single_file"] and all(Path(f).name == f != SINGLE_NAME for f in weight_map.values()):
+        write_text_atomic(dst / SOURCE_WEIGHT_MAP_FILE, json.dumps(weight_map, indent=1) + "\n")
     write_text_atomic(dst / SOURCE_LAYOUT_FILE, json.dumps(layout, sort_keys=True) + "\n")
     return layout
 
@@ -229,3 +237,22 @@ def load_source_layout(assets_dir: str | os.PathLike) -> dict:
     if not isinstance(layout, dict) or not isinstance(layout.get("single_file"), bool):
         raise HFCheckpointError(f"{path}: expected an object with a boolean 'single_file'")
     return layout
+
+
+def load_source_weight_map(assets_dir: str | os.PathLike) -> dict[str, str] | None:
+    """The sharded source's tensor name -> shard file map `save_source_layout` recorded in `assets_dir` (None when
+    it recorded none: a single-file source, or a checkpoint saved before it was recorded)."""
+    path = Path(assets_dir) / SOURCE_WEIGHT_MAP_FILE
+    if not path.is_file():
+        return None
+    try:
+        weight_map = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HFCheckpointError(f"{path}: not valid JSON ({e})") from None
+    # the export creates these files: plain shard names only, never a path out of its directory
+    if not (isinstance(weight_map, dict) and weight_map and all(
+            isinstance(f, str) and f.endswith(".safetensors") and Path(f).name == f and f != SINGLE_NAME
+            for f in weight_map.values())):
+        raise HFCheckpointError(f"{path}: expected an object of tensor name -> shard file name "
+                                f"(*.safetensors, no directories)")
+    return weight_map

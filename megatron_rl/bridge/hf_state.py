@@ -88,6 +88,11 @@ class LazyHFState:
         return self._where.keys()
 
     @property
+    def weight_map(self) -> dict[str, str]:
+        """Tensor name -> the file holding it, sorted by name as an index's ``weight_map`` lists them."""
+        return dict(sorted(self._where.items()))
+
+    @property
     def files(self) -> list[str]:
         """The safetensors files read, in order (``[SINGLE_NAME]`` for an unsharded checkpoint)."""
         return list(self._handles)
