@@ -1,10 +1,12 @@
 """Qwen3.5 hybrid on a GPU: megatron's GatedDeltaNet on fla's kernels against HF's torch path, and a bf16
 training step through the distributed optimizer with the GDN decay parameters in fp32, across an
-offload/restore cycle (their fp32 main params are views into the DDP buffer)."""
+offload/restore cycle (their fp32 main params are views into the DDP buffer), then a checkpoint save and load of
+that optimizer on CUDA (its groups mix dtypes: `megatron_rl.actor.optim.align_mixed_dtype_group_order`)."""
 import pytest
 import torch
 
 from megatron_rl.parallel import spawn
+from tests.ckpt_tools.test_checkpoint_format import _installed_state
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -15,7 +17,7 @@ def test_hybrid_parity_on_fla_kernels(tmp_path):
     spawn(_run_cases, 1, [(1, 1, "text", True), (1, 1, "multimodal", True)], str(tmp_path))
 
 
-def _train_bf16():
+def _train_bf16(root: str):
     from megatron_rl.actor import ActorConfig, MegatronActor, SFTLoss
     from megatron_rl.parallel import init_parallel
     from megatron_rl.types import TrainSample
@@ -23,7 +25,8 @@ def _train_bf16():
 
     init_parallel(1, 1)
     cfg = tiny_config(layers=4, vocab=250)
-    actor = MegatronActor(ActorConfig(params_dtype="bfloat16", lr=1e-2, lr_warmup_steps=0), cfg)
+    actor_cfg = ActorConfig(params_dtype="bfloat16", lr=1e-2, lr_warmup_steps=0)
+    actor = MegatronActor(actor_cfg, cfg)
     actor.load_hf(hf_tensors(tiny_model(cfg, seed=3)))
     a_log = [p for n, p in actor.model[0].named_parameters() if n.endswith("A_log")][0]
     assert a_log.dtype == torch.float32
@@ -39,9 +42,22 @@ def _train_bf16():
     assert not m2["skipped"] and not torch.equal(after_first, a_log.detach())  # the view still reaches the model
     assert m2["loss"] < m1["loss"]
 
+    # every param's fp32 main copy and Adam moments come back to that param (0.19.2 swapped them between the
+    # fp32 GDN decay params and the bf16 norms of a group: a crash on shape, or silently another param's state)
+    actor.save(root, 2)
+    fresh = MegatronActor(actor_cfg, cfg)
+    fresh.load(root, 2)
+    want, got = _installed_state(actor.model, actor.optimizer), _installed_state(fresh.model, fresh.optimizer)
+    assert sorted(got) == sorted(want) and any(n.endswith("A_log") for n in want)
+    for name, tensors in want.items():
+        for a, b in zip(tensors, got[name]):
+            assert torch.equal(a, b), name
+    m3, m3_fresh = actor.train_step(samples, SFTLoss()), fresh.train_step(samples, SFTLoss())
+    assert abs(m3["loss"] - m3_fresh["loss"]) <= 1e-6 * abs(m3["loss"]), (m3["loss"], m3_fresh["loss"])
 
-def test_bf16_step_keeps_gdn_decay_fp32_across_offload():
-    spawn(_train_bf16, 1)
+
+def test_bf16_step_keeps_gdn_decay_fp32_across_offload_and_a_checkpoint(tmp_path):
+    spawn(_train_bf16, 1, str(tmp_path))
 
 
 def test_fla_gated_delta_rule_matches_torch_reference_forward_and_backward():
