@@ -446,6 +446,7 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
         key = "model" if len(model_chunks) == 1 else f"model{i}"
         unwrap(chunk).load_state_dict(loaded[key], strict=True)
     if want_optimizer:
+        _follow_config_group_schedule(optimizer, loaded["optimizer"], d)
         optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(optimizer)
     if version < 2 and _holds_gdn_gain_minus_one(meta):
@@ -459,6 +460,52 @@ def load_checkpoint(ckpt_root: str | os.PathLike, model_chunks, optimizer=None, 
     result = _load_extra(d, meta)
     result["iteration"] = it
     return result
+
+
+#: a param group's fields that come from the config's LR and weight-decay settings (`optim.build_optimizer`)
+_GROUP_SCHEDULE_KEYS = ("max_lr", "min_lr", "start_wd", "end_wd")
+
+
+def _follow_config_group_schedule(optimizer, saved, ckpt_dir: Path) -> None:
+    """Give each saved param group the current group's LR / weight-decay fields, so a resume runs at the config's
+    values, as its scheduler does (`optim.build_scheduler`). megatron's distributed optimizer pairs saved and current
+    groups by every field of `param_group_identifier_keys`, these included: a run resumed with another ``actor.lr``,
+    ``min_lr`` or ``weight_decay`` stopped with ``KeyError: (None, 0.005, ...)``. Groups are paired here by their
+    other (structural) fields; a pairing that is not one to one is left to megatron."""
+    from megatron.core.optimizer.optimizer import param_group_identifier_keys
+
+    inners = getattr(optimizer, "chained_optimizers", [optimizer])
+    if len(inners) == 1:
+        states = [saved]
+    else:
+        states = [v for _, v in sorted(saved.items())] if isinstance(saved, dict) else list(saved)
+    structural = [k for k in param_group_identifier_keys if k not in _GROUP_SCHEDULE_KEYS]
+
+    def key(group: dict) -> tuple:
+        return tuple(group.get(k, group.get(f"pre_{k}")) for k in structural)
+
+    changed: set[str] = set()
+    for inner, state in zip(inners, states):
+        saved_groups = ((state or {}).get("optimizer") or {}).get("param_groups") if isinstance(state, dict) else None
+        current = getattr(getattr(inner, "optimizer", None), "param_groups", None)
+        if not saved_groups or not current:
+            continue
+        by_key: dict[tuple, list[dict]] = {}
+        for group in current:
+            by_key.setdefault(key(group), []).append(group)
+        if any(len(groups) > 1 for groups in by_key.values()):
+            continue
+        for group in saved_groups:
+            match = by_key.get(key(group))
+            if not match:
+                continue
+            for k in _GROUP_SCHEDULE_KEYS:
+                if k in match[0] and group.get(k) != match[0][k]:
+                    changed.add(f"{k} {group.get(k)} -> {match[0][k]}")
+                    group[k] = match[0][k]
+    if changed and _rank() == 0:
+        log.warning("%s: the optimizer's param groups follow the config, not the checkpoint: %s", ckpt_dir,
+                    ", ".join(sorted(changed)))
 
 
 #: the LR schedule's fields a resume takes from the config (`optim.build_scheduler`), not from the checkpoint

@@ -49,6 +49,41 @@ def test_resumed_lr_schedule_follows_the_config():
     assert opt.param_groups[0]["lr"] > 1e-3 * 1.5
 
 
+def _resume_with_other_lr(root: str) -> None:
+    import torch
+
+    from megatron_rl.actor import ActorConfig, MegatronActor, SFTLoss
+    from megatron_rl.parallel import init_parallel
+    from megatron_rl.types import TrainSample
+    from tests.bridge.tiny_qwen3 import hf_tensors, tiny_config, tiny_model
+
+    init_parallel(1, 1)
+    cfg = tiny_config()
+    g = torch.Generator().manual_seed(0)
+    samples = [TrainSample(torch.randint(0, cfg.vocab_size, (20,), generator=g).tolist(), [0] + [1] * 19)
+               for _ in range(2)]
+    first = MegatronActor(ActorConfig(lr=1e-3, weight_decay=0.0, lr_warmup_steps=0), cfg)
+    first.load_hf(hf_tensors(tiny_model(cfg, seed=1)))
+    first.train_step(samples, SFTLoss())
+    first.save(root, 1)
+    resumed = MegatronActor(ActorConfig(lr=5e-3, weight_decay=0.1, lr_warmup_steps=0), cfg)
+    resumed.load(root, 1)
+    metrics = resumed.train_step(samples, SFTLoss())
+    groups = [g for o in resumed.optimizer.chained_optimizers for g in o.optimizer.param_groups]
+    assert metrics["lr"] == pytest.approx(5e-3) and {g["lr"] for g in groups} == {5e-3}
+    assert {g["max_lr"] for g in groups} == {5e-3}
+    assert {g["weight_decay"] for g in groups} == {0.0, 0.1}   # norms and biases keep none (wd_mult 0)
+
+
+def test_a_run_resumes_with_another_lr_and_weight_decay(tmp_path):
+    """megatron's distributed optimizer pairs saved param groups with the current ones by their LR and weight-decay
+    fields too: a resume with another actor.lr stopped with KeyError: (None, 0.005, ...). The config's values win,
+    in the groups as in the scheduler."""
+    from megatron_rl.parallel import spawn
+
+    spawn(_resume_with_other_lr, 1, str(tmp_path))
+
+
 # ------------------------------------------------------------------------------------------ fresh run in a used dir
 
 
