@@ -101,7 +101,7 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
 def begin_fresh_run(run_dir: Path, ckpt_root: Path) -> None:
     """A run without ``--resume`` in a dir that holds an earlier run: that run's latest-checkpoint pointer is removed
     (its ``iter_*`` dirs stay), so a fresh run killed before its first save is not resumed from the earlier run's
-    weights, and its ``metrics.jsonl`` moves to ``metrics.prev.jsonl``, so the report does not mix the two runs."""
+    weights, and its ``metrics.jsonl`` moves to (the end of) ``metrics.prev.jsonl``, so the report does not mix the runs."""
     from megatron_rl.checkpoint import LATEST_FILE
     from megatron_rl.fsutil import fsync_dir
 
@@ -113,7 +113,13 @@ def begin_fresh_run(run_dir: Path, ckpt_root: Path) -> None:
         fsync_dir(ckpt_root)
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.is_file():
-        os.replace(metrics, metrics.with_name("metrics.prev.jsonl"))
+        earlier = metrics.with_name("metrics.prev.jsonl")
+        if earlier.is_file():   # a third run: the earlier runs' rows stay, in order
+            with open(earlier, "a") as f:
+                f.write(metrics.read_text())
+            metrics.unlink()
+        else:
+            os.replace(metrics, earlier)
 
 
 def run(cfg, resume: bool = False) -> dict:

@@ -131,6 +131,12 @@ def test_fresh_rl_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_
     with pytest.raises(_Stop):
         train.run(cfg, resume=False)
     _check_fresh_start(run_dir, ckpt)
+    # a third fresh run after the second wrote rows: both earlier runs' rows stay, in order
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    with pytest.raises(_Stop):
+        train.run(cfg, resume=False)
+    rows = [json.loads(x) for x in (run_dir / "metrics.prev.jsonl").read_text().splitlines()]
+    assert [r["reward/mean"] for r in rows] == [-1.0] * 10 + [0.5]
 
 
 def test_fresh_sft_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_path, monkeypatch):
