@@ -956,9 +956,15 @@ class DeviceSession:
         cand = sys.modules[CANDIDATE_MODULE_NAME]
         seed = int(msg["seed"])
         init = inputs.make_init_inputs(self.task, seed, self.device)
-        self.ref_model = inputs.build_model(self.task.Model, init, seed, self.device, self.precision)
+        source = inputs.build_model(self.task.Model, init, seed, self.device, self.precision)
         self.new_model = inputs.build_model(cand.ModelNew, init, seed, self.device, self.precision)
-        state = inputs.load_matching_state(self.new_model, self.ref_model)
+        state = inputs.load_matching_state(self.new_model, source)
+        # the candidate's load_state_dict (or a load hook) was handed that model's own tensors and may keep them, to
+        # slow the reference timed here down (a value its time follows): the timed one is built afresh, out of reach
+        # (from init inputs of its own: the candidate's __init__ was handed the others)
+        del source, init
+        self.ref_model = inputs.build_model(self.task.Model, inputs.make_init_inputs(self.task, seed, self.device),
+                                            seed, self.device, self.precision)
         return {"op": "constructed", "loaded_params": len(state["loaded"]), "unmatched": state["unmatched"][:20]}
 
     def trial(self, msg):

@@ -54,6 +54,58 @@ _TOOLCHAIN_PROBLEM = re.compile(
     r"cannot find -l(cudart|cuda|c10\w*|torch\w*|musart|musa\w*|python\S*)\b|nvcc: (command )?not found"
     r"|No such file or directory: '(nvcc|mcc|c\+\+|g\+\+|ninja)'|Ninja is required|CUDA_HOME environment variable"
     r"|fatal error: (cuda_runtime|cuda|musa_runtime|musa|Python)\.h: No such file")
+# ... each the claim of a host fact, checked before it is believed: the candidate writes lines of that log itself
+# (gcc echoes its source lines, and prints ``static_assert(false, "\nx.cpp:1:1: fatal error: cuda.h: No such
+# file")`` as a line of its own), and a compile error it made read as infra was never scored
+_HEADER_BACKEND = {"cuda_runtime": "cuda", "cuda": "cuda", "musa_runtime": "musa", "musa": "musa"}
+_BUILD_LIBS = {"c10", "torch", "torch_cpu", "torch_python", "c10_cuda", "torch_cuda", "cudart", "cuda", "c10_musa",
+               "torch_musa", "musart", "musa"}
+
+
+def _toolkit_homes() -> list[str]:
+    from torch.utils import cpp_extension
+    return [h for h in (cpp_extension.CUDA_HOME, os.environ.get("MUSA_HOME"), "/usr/local/musa") if h]
+
+
+def _claim_holds(m: re.Match, backend: str) -> bool:
+    """Whether the toolchain problem ``m`` names (a missing header, library or tool) is true of this host and
+    concerns ``backend``'s builds; False for a claim about another backend's toolchain, or one the host refutes."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+    text = m.group(0)
+    homes = _toolkit_homes()
+    header = re.search(r"fatal error: (\w+)\.h", text)
+    if header:
+        name = header.group(1)
+        if _HEADER_BACKEND.get(name, backend) != backend:
+            return False
+        dirs = [sysconfig.get_paths()["include"], *cpp_extension.include_paths(), "/usr/include"] + \
+            [os.path.join(h, "include") for h in homes]
+        return not any(os.path.isfile(os.path.join(d, f"{name}.h")) for d in dirs)
+    lib = re.search(r"cannot find -l(\S+)", text)
+    if lib:
+        name = lib.group(1)
+        if name not in _BUILD_LIBS and not name.startswith("python"):   # none that torch's own builds link
+            return False
+        if ("cud" in name and backend != "cuda") or ("mus" in name and backend != "musa"):
+            return False
+        dirs = [*cpp_extension.library_paths(), sysconfig.get_config_var("LIBDIR") or "", "/usr/lib64", "/usr/lib",
+                "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"] + \
+            [os.path.join(h, sub) for h in homes for sub in ("lib64", "lib", "lib64/stubs")]
+        return not any(os.path.exists(os.path.join(d, f"lib{name}{ext}")) for d in dirs if d for ext in (".so", ".a"))
+    if "CUDA_HOME" in text:
+        return backend == "cuda" and cpp_extension.CUDA_HOME is None
+    tool = re.search(r"(nvcc|mcc|c\+\+|g\+\+|ninja)|Ninja", text).group(0).lower()
+    if (tool == "nvcc" and backend != "cuda") or (tool == "mcc" and backend != "musa"):
+        return False
+    return shutil.which(tool) is None and not any(os.path.isfile(os.path.join(h, "bin", tool)) for h in homes)
+
+
+def toolchain_problem(log: str, backend: str) -> str | None:
+    """The first toolchain problem in a failed build's ``log`` that holds on this host for ``backend`` (infra),
+    or None: the compile error is the candidate's."""
+    return next((m.group(0) for m in _TOOLCHAIN_PROBLEM.finditer(log) if _claim_holds(m, backend)), None)
 
 
 @dataclasses.dataclass
@@ -278,10 +330,10 @@ class ExtensionService:
         if reply["op"] == "compile_failed":
             # torch streams the compiler output (verbose) to stdout; its exception only names the extension
             full = f"{log}\n{reply.get('log', '')}".strip()
-            problem = _TOOLCHAIN_PROBLEM.search(full)
+            problem = toolchain_problem(full, self.backend.name)
             if problem:
                 shutil.rmtree(staging, ignore_errors=True)
-                self.infra_error = f"build host toolchain problem ({problem.group(0)}):\n{compiler_excerpt(full, 2000)}"
+                self.infra_error = f"build host toolchain problem ({problem}):\n{compiler_excerpt(full, 2000)}"
                 return {"ok": False, "log": self.infra_error}, None, full
             return {"ok": False, "log": full[-_LOG_CHARS:], "seconds": seconds}, staging, full
         so = os.path.normpath(reply.get("so", ""))
