@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML preset (configs/*.yaml)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in train.ckpt_dir")
+    p.add_argument("--auto-resume", action="store_true",
+                   help="continue from the last checkpoint in train.ckpt_dir if there is one, else start fresh (what "
+                        "a requeued job wants: launch/slurm_train.sbatch passes it on a restart)")
     p.add_argument("--model", help="HF checkpoint dir (same as model.path=...)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=5 actor.tp=2")
     return p.parse_args(argv)
@@ -218,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from megatron_rl.checkpoint import resume_problem   # (megatron_rl's heavy imports wait for a valid config)
+    from megatron_rl.checkpoint import LATEST_FILE, resume_problem   # (heavy imports wait for a valid config)
 
+    if args.auto_resume and not cfg.train.resume and (cfg.ckpt_root / LATEST_FILE).exists():
+        cfg.train.resume = True   # an unreadable pointer is then reported below, not silently started over
+        print(f"[run] --auto-resume: continuing from {cfg.ckpt_root}", file=sys.stderr, flush=True)
     problem = resume_problem(cfg.ckpt_root) if cfg.train.resume else None
     if problem:   # a usage error like a bad key: exit 2 before anything is started or written
         print(f"error: {problem}", file=sys.stderr)

@@ -242,3 +242,41 @@ def test_resuming_rl_from_an_sft_checkpoint_names_the_mixup(tmp_path):
     cluster.train = _SFTWeights()
     with pytest.raises(SystemExit, match=r"holds no RL run state .*--model SFT_RUN_DIR/hf"):
         cluster.start(resume=True)
+
+
+def test_auto_resume_continues_a_run_with_a_checkpoint_and_starts_one_without(tmp_path, monkeypatch):
+    """--auto-resume (what a requeued slurm job passes): resume when train.ckpt_dir holds a checkpoint, else start
+    fresh; a fresh start in a used dir would have dropped that checkpoint from --resume's reach."""
+    import megatron_rl.train as train
+
+    seen = []
+    monkeypatch.setattr(train, "run", lambda cfg, resume=False: seen.append(resume) or {})
+    monkeypatch.setattr("megatron_rl.observability.print_summary", lambda summary: None)
+    monkeypatch.setattr("megatron_rl.observability.dump_stacks_on_sigusr1", lambda: None)
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--auto-resume", f"train.log_dir={tmp_path / 'run'}"]
+    assert train.main(args) == 0
+    _earlier_run(tmp_path / "run")
+    assert train.main(args) == 0
+    (tmp_path / "run" / "ckpt" / "latest_checkpointed_iteration.txt").write_text("garbage")
+    assert train.main(args) == 2   # an unreadable pointer is reported, not silently started over
+    assert seen == [False, True]
+
+
+def test_a_requeued_slurm_job_passes_auto_resume(tmp_path):
+    """launch/slurm_train.sbatch on a restart (SLURM_RESTART_COUNT > 0) adds --auto-resume unless --resume is
+    given; the first run passes the arguments as they are. The Ray cluster functions are stubbed."""
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "slurm_train.sbatch").write_text((ROOT / "launch" / "slurm_train.sbatch").read_text())
+    (tmp_path / "launch" / "ray_cluster.sh").write_text(
+        "PY=python\nray_cluster_setup() { :; }\nray_cluster_up() { :; }\nray_cluster_down() { :; }\n"
+        "ray_job_submit() { echo \"ARGS: $*\"; }\n")
+
+    def submitted(restarts: str, *args: str) -> str:
+        env = {**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_RESTART_COUNT": restarts}
+        out = subprocess.run(["bash", str(tmp_path / "launch" / "slurm_train.sbatch"), *args], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        return next(line for line in out.splitlines() if line.startswith("ARGS: "))
+
+    assert submitted("0", "--config", "c.yaml") == "ARGS: python -m megatron_rl.train --config c.yaml"
+    assert submitted("1", "--config", "c.yaml") == "ARGS: python -m megatron_rl.train --auto-resume --config c.yaml"
+    assert submitted("2", "--resume", "x=1") == "ARGS: python -m megatron_rl.train --resume x=1"
