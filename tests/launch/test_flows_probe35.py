@@ -139,8 +139,12 @@ def test_fresh_rl_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_
     assert [r["reward/mean"] for r in rows] == [-1.0] * 10 + [0.5]
 
 
-def test_fresh_sft_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_sft_run_in_a_used_run_dir_resumes_only_when_asked(tmp_path, monkeypatch, resume):
+    """Fresh: the earlier run's pointer and metrics are set aside. --resume touches neither (it continues iteration
+    10 and appends to its metrics)."""
     import megatron_rl.train as train
+    from megatron_rl.checkpoint import resume_problem
     from megatron_rl.sft import load_sft_config, run
 
     data = tmp_path / "sft.jsonl"
@@ -154,30 +158,12 @@ def test_fresh_sft_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp
 
     monkeypatch.setattr(train, "prepare_model", stop)
     with pytest.raises(_Stop):
-        run(cfg, resume=False)
-    _check_fresh_start(run_dir, ckpt)
-
-
-def test_resumed_run_keeps_its_checkpoint_pointer_and_metrics(tmp_path, monkeypatch):
-    """The other side: --resume touches neither (it continues iteration 10 and appends to its metrics)."""
-    import megatron_rl.train as train
-    from megatron_rl.checkpoint import resume_problem
-    from megatron_rl.sft import load_sft_config, run
-
-    data = tmp_path / "sft.jsonl"
-    data.write_text(json.dumps(ROW) + "\n")
-    run_dir = tmp_path / "sft"
-    ckpt = _earlier_run(run_dir)
-    cfg = load_sft_config(str(ROOT / "configs/sft_tiny.yaml"), [f"train.log_dir={run_dir}", f"data.files=['{data}']"])
-
-    def stop(*_a, **_k):
-        raise _Stop("stop")
-
-    monkeypatch.setattr(train, "prepare_model", stop)
-    with pytest.raises(_Stop):
-        run(cfg, resume=True)
-    assert resume_problem(ckpt) is None
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 10
+        run(cfg, resume=resume)
+    if not resume:
+        _check_fresh_start(run_dir, ckpt)
+    else:
+        assert resume_problem(ckpt) is None
+        assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 10
 
 
 # ------------------------------------------------------------------------------------------ data_synth outputs
