@@ -141,6 +141,11 @@ def resolve_checkpoint(ckpt_root: str | os.PathLike, iteration: int | None = Non
         it, d = iteration, checkpoint_dir(root, iteration)
         if not d.exists() and iteration == 0 and (root / "release").is_dir():
             d = root / "release"
+    if not d.is_dir() and (d.parent / f".{d.name}.old" / META_FILE).is_file():
+        # a re-save of this iteration was killed between moving the old copy aside and renaming the new one in:
+        # the old copy is complete (the next save of this iteration removes it)
+        log.warning("%s: missing; reading the copy a killed re-save moved aside, %s", d, f".{d.name}.old")
+        d = d.parent / f".{d.name}.old"
     if not d.is_dir():
         raise CheckpointError(f"{d}: checkpoint directory not found")
     if not (d / DIST_CKPT_MARKER).exists():
@@ -338,6 +343,7 @@ def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, 
                 shutil.rmtree(old)
             else:
                 os.replace(tmp, final)
+                shutil.rmtree(root / f".{final.name}.old", ignore_errors=True)   # a killed re-save's copy
             fsync_dir(root)
             write_text_atomic(root / LATEST_FILE, str(iteration) if iteration != "release" else "release")
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below

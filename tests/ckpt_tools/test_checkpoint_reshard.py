@@ -91,11 +91,22 @@ def _reshard_run(root):
     assert load_checkpoint(root, model, opt, sched)["iteration"] == 3
     assert [_train_step(model, opt, sched, ids) for _ in range(3)] == ref
 
-    # PP=2, weights only.
+    # PP=2, weights only; iteration 2 as a re-save killed between its two renames left it: moved aside
+    dist.barrier()
+    if rank == 0:
+        os.replace(os.path.join(root, "iter_0000002"), os.path.join(root, ".iter_0000002.old"))
+    dist.barrier()
     init_parallel(1, 2)
     chunks = build_model(cfg, ParallelSizes(1, 2), BuildOptions())
     assert load_checkpoint(root, chunks, iteration=2)["iteration"] == 2
     assert abs(_real_vocab_loss(chunks, ids, cfg.vocab_size) - loss_at_save) < 1e-5
+    save_checkpoint(root, 2, chunks, hf_config=cfg)   # saved again: the moved-aside copy goes
+    assert os.path.isdir(os.path.join(root, "iter_0000002")) and not os.path.exists(os.path.join(root, ".iter_0000002.old"))
+    dist.barrier()
+    if rank == 0:   # the latest is 3 again for what follows
+        with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write("3")
+    dist.barrier()
 
     # vocab 300 pads to 384 at TP=1 and 512 at TP=2: padding rows reshape on load.
     cfg300 = tiny_config(vocab=300)
