@@ -20,9 +20,10 @@ manifest holds one entry per line; an entry may also be a bare path string.
 The profile ``fit`` (``fit:<MiB>`` or ``fit:<MiB>:<GFLOP>``; default 64 MiB, 2 GFLOP) needs no manifest: it shrinks a
 plain KernelBench task until one call of its reference moves at most that many bytes (inputs, outputs and
 parameters) and does at most that many FLOPs, so KernelBench's GPU-sized problems (a 6.4 GB ReLU input) can be
-evaluated on a CPU. It halves the task's largest integer constants (elements of integer tuples included) one at a time (never one below
-``FIT_MIN_VALUE``: kernel sizes, strides and head counts stay), each step sized on meta tensors (nothing
-allocated) and kept only when the reference still builds and runs on the new shapes and gets cheaper.
+evaluated on a CPU. It halves the task's largest integer constants (elements of integer tuples and lists included)
+one at a time (never one below ``FIT_MIN_VALUE``: kernel sizes, strides and head counts stay), each step sized on
+meta tensors (nothing allocated) and kept only when the reference still builds and runs on the new shapes and gets
+cheaper.
 """
 from __future__ import annotations
 
@@ -335,18 +336,34 @@ def _int_expr(node: ast.expr) -> int | None:
     return None
 
 
-def int_constants(source: str) -> dict[str, int | tuple[int, ...]]:
-    """Top-level names bound by single assignments to one integer (a literal or literal arithmetic) or to a tuple of
-    them (KernelBench's ``input_shape = (8192 * 2,)``): the sizes ``fit`` may shrink. A name assigned anything else
-    anywhere at top level is left out."""
-    out: dict[str, int | tuple[int, ...]] = {}
+def _int_sequence(node: ast.expr) -> tuple[int, ...] | list[int] | None:
+    """A tuple or list display of integers (``(8192 * 2,)``, ``[16384, 16384]``), or a list of them repeated
+    (``[1024] * 16``, KernelBench's MLP layer widths); None for anything else. Lists stay lists: a task may append to
+    one or pass it where a tuple means something else."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        seq, times = (node.left, node.right) if isinstance(node.left, ast.List) else (node.right, node.left)
+        n = _int_expr(times)
+        elts = _int_sequence(seq) if isinstance(seq, ast.List) else None
+        return list(elts) * n if elts is not None and n is not None and 0 < n <= 1024 else None
+    if not isinstance(node, (ast.Tuple, ast.List)) or not node.elts:
+        return None
+    elts = [_int_expr(e) for e in node.elts]
+    if any(e is None for e in elts):
+        return None
+    return tuple(elts) if isinstance(node, ast.Tuple) else list(elts)   # type: ignore[arg-type]
+
+
+def int_constants(source: str) -> dict[str, int | tuple[int, ...] | list[int]]:
+    """Top-level names bound by single assignments to one integer (a literal or literal arithmetic) or to a tuple or
+    list of them (KernelBench's ``input_shape = (8192 * 2,)``, ``layer_sizes = [16384, 16384]``): the sizes ``fit``
+    may shrink. A name assigned anything else anywhere at top level is left out."""
+    out: dict[str, int | tuple[int, ...] | list[int]] = {}
     other: set[str] = set()
     for node in ast.parse(source).body:
         for name, value in _assigned_names(node):
-            v: int | tuple[int, ...] | None = _int_expr(value)
-            if v is None and isinstance(value, ast.Tuple) and value.elts:
-                elts = [_int_expr(e) for e in value.elts]
-                v = tuple(elts) if all(e is not None for e in elts) else None   # type: ignore[arg-type]
+            v: int | tuple[int, ...] | list[int] | None = _int_expr(value)
+            if v is None:
+                v = _int_sequence(value)
             if v is None:
                 other.add(name)
             else:
@@ -354,11 +371,11 @@ def int_constants(source: str) -> dict[str, int | tuple[int, ...]]:
     return {k: v for k, v in out.items() if k not in other}
 
 
-def _sizes(constants: dict[str, int | tuple[int, ...]]) -> dict[tuple[str, int | None], int]:
-    """Every integer ``fit`` may halve: ``(name, None)`` for an int constant, ``(name, i)`` for a tuple's i-th."""
+def _sizes(constants: dict[str, int | tuple[int, ...] | list[int]]) -> dict[tuple[str, int | None], int]:
+    """Every integer ``fit`` may halve: ``(name, None)`` for an int constant, ``(name, i)`` for a sequence's i-th."""
     out: dict[tuple[str, int | None], int] = {}
     for name, v in constants.items():
-        if isinstance(v, tuple):
+        if isinstance(v, (tuple, list)):
             out.update({(name, i): e for i, e in enumerate(v)})
         else:
             out[(name, None)] = v
@@ -366,10 +383,11 @@ def _sizes(constants: dict[str, int | tuple[int, ...]]) -> dict[tuple[str, int |
 
 
 def _constants(sizes: dict[tuple[str, int | None], int], like: dict[str, Any]) -> dict[str, Any]:
-    """``sizes`` back as constants shaped as in ``like`` (ints and tuples)."""
+    """``sizes`` back as constants shaped as in ``like`` (ints, tuples and lists)."""
     out: dict[str, Any] = {}
     for name, v in like.items():
-        out[name] = tuple(sizes[(name, i)] for i in range(len(v))) if isinstance(v, tuple) else sizes[(name, None)]
+        out[name] = type(v)(sizes[(name, i)] for i in range(len(v))) if isinstance(v, (tuple, list)) \
+            else sizes[(name, None)]
     return out
 
 
@@ -420,8 +438,8 @@ def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FI
     """``task`` shrunk until one reference call fits ``max_bytes`` and ``max_flops`` (``MetaCost``), and the
     constants changed (``{name: (old, new)}``; the task's ``meta["resized"]`` holds the same).
 
-    Greedy: the largest size of at least ``FIT_MIN_VALUE`` (an int constant or one element of a tuple constant) is
-    halved (floor) when the reference still runs on meta tensors at the new sizes and gets cheaper; if halving it
+    Greedy: the largest size of at least ``FIT_MIN_VALUE`` (an int constant or one element of a tuple or list constant)
+    is halved (floor) when the reference still runs on meta tensors at the new sizes and gets cheaper; if halving it
     alone fails, it is halved together with every other size of the same value (KernelBench's HingeLoss broadcasts a
     ``batch_size`` of 32768 against an ``input_shape`` of ``(32768,)``: they only shrink together). A size whose
     halving fails both ways or saves nothing is not tried again. Stops when the task fits or nothing is left to
@@ -476,6 +494,6 @@ def fit_sizes(task: Any, max_bytes: int = FIT_DEFAULT_BYTES, max_flops: int = FI
     resized = {n: (original[n], v) for n, v in values.items() if v != original[n]}
     if resized and dataclasses.is_dataclass(current) and isinstance(getattr(current, "meta", None), dict):
         current = dataclasses.replace(current, meta={**current.meta, "resized": {
-            n: [list(a) if isinstance(a, tuple) else a, list(b) if isinstance(b, tuple) else b]
+            n: [list(a) if isinstance(a, (tuple, list)) else a, list(b) if isinstance(b, (tuple, list)) else b]
             for n, (a, b) in resized.items()}})
     return current, resized
