@@ -13,18 +13,23 @@ so families the model fails on are upsampled and the ones it has mastered downsa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import sys
+import time
 from typing import Any, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.profiler import ProfilerActivity, profile
 from tqdm import tqdm
 
 from verifier import inputs as vinputs
+from verifier.size_profiles import run_reference_on_meta
 from verifier.tasks import load_task_module
 from verifier.types import Category
 
@@ -92,6 +97,93 @@ def aten_family(name: str, input_shapes: Sequence[Sequence[int]] = ()) -> str | 
                                                 "std_mean", "all", "any"):
         return "reduction"
     return "elementwise" if base.endswith("_") and hasattr(torch.ops.aten, base[:-1]) else None
+
+
+#: the family that names a task using several (a table that counts each task once): its heaviest kind of op
+FAMILY_DOMINANCE = ("attention", "conv", "gemm", "normalization", "softmax", "loss", "pooling", "scan", "indexing",
+                    "reduction", "layout", "broadcast", "elementwise")
+
+
+class _TorchCallRecorder(TorchFunctionMode):
+    """The torch functions and tensor methods one call makes (``F.conv2d``, ``Tensor.sum``, ``x + y``), with their
+    tensor operands' shapes: what the reference's own code calls, above aten's decompositions."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.calls: list[tuple[str, list[tuple[int, ...]]]] = []
+        self.deadline = time.monotonic() + seconds
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if time.monotonic() > self.deadline:   # an RNN's meta kernel decomposes into a call per time step
+            raise _EnoughCalls
+        name = getattr(func, "__name__", "").strip("_")
+        shapes = [tuple(a.shape) for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        self.calls.append((name, shapes))
+        return func(*args, **(kwargs or {}))
+
+
+class _EnoughCalls(Exception):
+    """The recording's time is up: the calls so far name the families."""
+
+
+class _DispatchDeadline(TorchDispatchMode):
+    """Raises `_EnoughCalls` past ``deadline`` from below the torch functions too: an LSTM's meta kernel decomposes
+    into aten calls per time step (10-20 s for KernelBench's) without calling a torch function."""
+
+    def __init__(self, deadline: float):
+        super().__init__()
+        self.deadline = deadline
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if time.monotonic() > self.deadline:
+            raise _EnoughCalls
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _Recording(recorder: "_TorchCallRecorder"):
+    with recorder, _DispatchDeadline(recorder.deadline):
+        yield
+
+
+def reference_families(task: Any, precision: str = "float32", seconds: float = 2.0) -> list[str]:
+    """The op families one call of ``task``'s reference uses, dominant first (`FAMILY_DOMINANCE`), for tasks that
+    carry none (KernelBench's): read from a run on meta tensors, so nothing is computed or allocated at any size,
+    and cut after ``seconds`` (the calls so far count). [] when the reference does not run on meta tensors
+    (data-dependent code)."""
+    recorder = _TorchCallRecorder(seconds)
+    try:
+        run_reference_on_meta(task, precision, _Recording(recorder))
+    except _EnoughCalls:
+        pass
+    except Exception:   # noqa: BLE001 - the task's own failure: no families, the caller says "unknown"
+        return []
+    found = {f for name, shapes in recorder.calls if name and (f := _torch_call_family(name, shapes)) is not None}
+    return sorted(found, key=lambda f: FAMILY_DOMINANCE.index(f) if f in FAMILY_DOMINANCE else len(FAMILY_DOMINANCE))
+
+
+#: activations aten does not tag pointwise
+_ACTIVATIONS = set("""leaky_relu leaky_relu_ elu elu_ selu selu_ celu celu_ gelu silu mish softplus softsign hardtanh
+hardtanh_ hardswish hardsigmoid relu6 rrelu prelu threshold logsigmoid tanhshrink softshrink hardshrink glu""".split())
+
+
+def _torch_call_family(name: str, shapes: Sequence[Sequence[int]]) -> str | None:
+    """`aten_family` of a torch-level call name: ``F.scaled_dot_product_attention`` and the nn.functional names
+    that are not aten ops of the same name (``multi_head_attention_forward``, ``cross_entropy``)."""
+    if "attention" in name:
+        return "attention"
+    if name in _ACTIVATIONS:
+        return "elementwise"
+    if name in ("lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
+        return "gemm"   # their time is the gate GEMMs
+    if name in ("cross_entropy", "nll_loss", "binary_cross_entropy", "kl_div", "mse_loss", "l1_loss",
+                "smooth_l1_loss", "huber_loss", "triplet_margin_loss", "margin_ranking_loss",
+                "hinge_embedding_loss", "cosine_embedding_loss"):
+        return "loss"
+    try:
+        return aten_family(name, shapes)
+    except Exception:   # noqa: BLE001 - a name aten does not know
+        return None
 
 
 def profile_families(task: GeneratedTask, seed: int = 0) -> tuple[list[str], dict[str, int]]:

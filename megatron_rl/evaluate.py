@@ -395,7 +395,12 @@ def _precision(task, mode: str) -> str:
 
 
 def _family(task) -> str:
-    return task.op_family or (task.meta.get("families") or ["unknown"])[0] or "unknown"
+    """The task's op family: as its manifest or generator named it, else the dominant family of the ops its reference
+    calls (KernelBench's tasks name none; `data_synth.diagnose.reference_families`), else "unknown"."""
+    from data_synth.diagnose import reference_families
+
+    named = task.op_family or (task.meta.get("families") or [None])[0]
+    return named or next(iter(reference_families(task)), "unknown")
 
 
 async def _run_groups(agent, tasks, groups_in_flight: int, bar) -> list:
@@ -523,6 +528,7 @@ def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: 
     from megatron_rl.fsutil import write_text_atomic
 
     by_id = {t.task_id: t for t in tasks}
+    families: dict[str, str] = {}
     outcomes: list[SampleOutcome] = []
     rows: list[str] = []
     unscored = {}
@@ -535,7 +541,8 @@ def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: 
         for tr in g.trajectories:
             win = next((t for t in tr.turns if t.verdict.passed), None)
             last = tr.turns[-1]
-            o = SampleOutcome(task_id=task.task_id, level=task.level, family=_family(task), passed=win is not None,
+            family = families.get(task.task_id) or families.setdefault(task.task_id, _family(task))
+            o = SampleOutcome(task_id=task.task_id, level=task.level, family=family, passed=win is not None,
                               first_turn_passed=tr.turns[0].verdict.passed,
                               speedup=win.verdict.speedup if win else None,
                               speedup_compile=win.verdict.speedup_compile if win else None,

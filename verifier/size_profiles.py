@@ -407,26 +407,40 @@ class MetaCost:
                 and (self.nbytes < 0.95 * other.nbytes or self.flops < 0.95 * other.flops))
 
 
-def meta_cost(task: Any, precision: str = "float32") -> MetaCost | None:
-    """``MetaCost`` of one reference call, run on meta tensors (nothing allocated); None when the task does not
-    build or run there (data-dependent code, or sizes its layers reject)."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
+def run_reference_on_meta(task: Any, precision: str = "float32", during_call: Any = None) -> tuple[Any, Any, Any]:
+    """(model, args, output) of one reference call built and run on meta tensors (shapes only, nothing allocated or
+    computed), the call inside the context manager ``during_call`` (a FLOP counter, an op recorder) when given.
+    Raises whatever the task raises there (data-dependent code, sizes its layers reject)."""
+    import contextlib
 
-    from .inputs import DeviceFactoryMode, _tensor_bytes, _to_device, precision_dtype
+    import torch
+
+    from .inputs import DeviceFactoryMode, _to_device, precision_dtype
     from .tasks import load_task_module
 
     meta = torch.device("meta")
+    module = load_task_module(task, module_name="kernel_task_sizing")
+    dtype = precision_dtype(precision)
+    with DeviceFactoryMode(meta, None):
+        args = _to_device(module.get_inputs(), meta, dtype)
+        init = module.get_init_inputs()
+    with meta, torch.no_grad():
+        model = module.Model(*init).to(dtype=dtype)
+    with DeviceFactoryMode(meta, None), torch.no_grad(), during_call or contextlib.nullcontext():
+        out = model(*args)
+    return model, args, out
+
+
+def meta_cost(task: Any, precision: str = "float32") -> MetaCost | None:
+    """``MetaCost`` of one reference call, run on meta tensors (nothing allocated); None when the task does not
+    build or run there (data-dependent code, or sizes its layers reject)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .inputs import _tensor_bytes
+
     try:
-        module = load_task_module(task, module_name="kernel_task_sizing")
-        dtype = precision_dtype(precision)
-        with DeviceFactoryMode(meta, None):
-            args = _to_device(module.get_inputs(), meta, dtype)
-            init = module.get_init_inputs()
-        with meta, torch.no_grad():
-            model = module.Model(*init).to(dtype=dtype)
-        with DeviceFactoryMode(meta, None), torch.no_grad(), FlopCounterMode(display=False) as counter:
-            out = model(*args)
+        counter = FlopCounterMode(display=False)
+        model, args, out = run_reference_on_meta(task, precision, counter)
         params = sum(_tensor_bytes(t) for t in (*model.parameters(), *model.buffers()))
         return MetaCost(_tensor_bytes(args) + _tensor_bytes(out) + params, int(counter.get_total_flops()))
     except Exception:   # noqa: BLE001 - any failure means "these sizes do not run": the caller tries others
