@@ -328,6 +328,9 @@ def child_env(cfg, backend, device_index: int | None, workdir: str, extra: dict[
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(workdir, "inductor"),
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "KINETO_LOG_LEVEL": "5",
         "TORCH_CPP_LOG_LEVEL": "ERROR", "TORCHINDUCTOR_COMPILE_THREADS": "1",  # no compile worker pool
+        # the child has no network: a task module that reaches for the Hub (KernelBench level 4) fails at once
+        # instead of retrying for ~25 s of the check's time
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
     })
     if cfg.backend == "cpu":
         env.update({"OMP_NUM_THREADS": str(cfg.cpu_threads), "MKL_NUM_THREADS": str(cfg.cpu_threads)})

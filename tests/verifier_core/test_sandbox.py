@@ -25,6 +25,15 @@ def test_gpu_children_detach_cupti_after_profiling_only_when_configured(tmp_path
     assert on["TEARDOWN_CUPTI"] == "1" and off["TEARDOWN_CUPTI"] == "0" and "TEARDOWN_CUPTI" not in cpu
 
 
+def test_children_reach_for_no_hub(tmp_path, monkeypatch):
+    """The child has no network: a task module that loads from the Hub (KernelBench level 4) must fail at once, not
+    retry for ~25 s of the check (an allowlisted HF_HUB_OFFLINE=0 of the parent does not turn that back on)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    env = child_env(VerifierConfig(backend="cpu", env_allowlist=("HF_HUB_OFFLINE", "PATH")), get_backend("cpu"),
+                    None, str(tmp_path))
+    assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+
+
 def test_isolation_is_reported_and_network_is_gone(tmp_path):
     code = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n"
             "    chan.send({'op': 'net', 'ok': True})\nexcept OSError as e:\n"
