@@ -1237,10 +1237,11 @@ class _DeviceStage:
         kernels: dict[str, int] = {}
         flags = {"inputs_modified": False, "aliases_input": False}
         problems: list[tuple[str, str]] = []
-        first_mismatch = None
+        first_mismatch = failed_seed = None
         max_abs = max_rel = 0.0
         for i in range(n):   # outputs too large to hand over in full every time are, in the first trial
-            report, judged = self._trial(ref_model, secrets.randbits(63), full=i == 0)
+            seed = secrets.randbits(63)
+            report, judged = self._trial(ref_model, seed, full=i == 0)
             for k, v in (report.get("aten_ops") or {}).items():
                 aten[str(k)] = aten.get(str(k), 0) + int(v)
             for k, v in (report.get("device_kernels") or {}).items():
@@ -1252,7 +1253,7 @@ class _DeviceStage:
             results.append(row)
             max_abs, max_rel = max(max_abs, row.get("max_abs_diff", 0.0)), max(max_rel, row.get("max_rel_diff", 0.0))
             if not row["ok"] and first_mismatch is None:
-                first_mismatch = row["mismatch"]
+                first_mismatch, failed_seed = row["mismatch"], seed
         self.details.update({"trials": results, "aten_ops": aten, "device_kernels": dict(list(kernels.items())[:50])})
         passed = sum(r["ok"] for r in results)
         q = passed / n
@@ -1278,10 +1279,27 @@ class _DeviceStage:
                 "output_aliases_input", "ModelNew.forward returned memory of an input tensor (the reference "
                                         "returns new tensors)"), rule="output_aliases_input", q=q)
         if passed < n:
+            self._check_reference_repeats(ref_model, failed_seed)
             raise _Verdict(Category.CORRECTNESS_ERROR, feedback.correctness(q, passed, n, first_mismatch, max_abs,
                                                                             max_rel), q=q)
         self._decoy_check(ref_model, q)
         return q
+
+    def _check_reference_repeats(self, ref_model, seed: int | None) -> None:
+        """Before a mismatch is the candidate's: the reference gives the same outputs twice for the inputs of the
+        failed trial. One that does not (a hidden state kept across calls, as KernelBench v0.1's VanillaRNN) cannot be
+        matched by any kernel: the task is broken, an infra verdict, not a -1 for the candidate. (Dropout repeats:
+        every call is seeded.)"""
+        if seed is None:
+            return
+        first = self._reference(ref_model, seed)[0]
+        again = self._reference(ref_model, seed)[0]
+        c = self._compare(again, first)
+        if not c.ok:
+            raise _Verdict(Category.INFRA, feedback.infra(
+                "the task's reference is not repeatable: two calls on the same inputs differ ("
+                + (c.mismatch.describe() if c.mismatch else "outputs differ") + "); a stateful or random reference "
+                "cannot score a kernel"), rule="reference_not_repeatable")
 
     def _hidden_trial(self, ref_model) -> None:
         """A correctness trial among the timed calls. The candidate cannot tell it from a timed call, so one

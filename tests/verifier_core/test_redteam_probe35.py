@@ -102,3 +102,44 @@ def test_the_timed_reference_is_out_of_the_candidates_reach(make_cfg, tmp_path):
     task.write_text(textwrap.dedent(STEPS_TASK))
     r = verify(load_task(str(task)), compiled(REACHING), make_cfg())
     assert r.category == Category.PASS, (r.category, r.rule, r.feedback)
+
+
+STATEFUL_TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x):
+        self.calls += 1          # a hidden state kept across calls (KernelBench v0.1's VanillaRNN)
+        return torch.relu(x) + self.calls
+
+
+def get_inputs():
+    return [torch.randn(16, 512)]
+
+
+def get_init_inputs():
+    return []
+'''
+RELU = '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.relu(x)
+'''
+
+
+@pytest.mark.slow
+def test_a_reference_that_does_not_repeat_is_the_tasks_fault_not_the_kernels(make_cfg, tmp_path):
+    """No kernel can match a stateful reference: every candidate got correctness_error (-1) on such a task. The
+    mismatch is now checked against a second call of the reference first: infra, naming the task. (A dropout
+    reference repeats: the verifier seeds every call.)"""
+    task = tmp_path / "broken.py"
+    task.write_text(textwrap.dedent(STATEFUL_TASK))
+    r = verify(load_task(str(task)), compiled(RELU), make_cfg())
+    assert r.category == Category.INFRA and r.rule == "reference_not_repeatable", (r.category, r.rule, r.feedback)
+    assert "not repeatable" in r.feedback
