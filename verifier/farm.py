@@ -42,6 +42,10 @@ RunFn = Callable[[Any, str, Any, Any, "int | None"], VerifyResult]  # (task, cod
 PrecheckFn = Callable[[Any, str, Any], "str | VerifyResult"]  # (task, response, cfg) -> code or verdict
 
 
+#: infra verdicts that are the task's own fault: a retry would give the same verdict, so none is made
+TASK_FAULT_RULES = frozenset({"reference_not_repeatable"})
+
+
 class FarmFull(queue.Full):
     """``submit(block=False)`` found ``max_in_flight`` submissions already in flight."""
 
@@ -535,7 +539,7 @@ class VerifierFarm:
     def _after_run(self, job: _Job, result: Any) -> None:
         if not isinstance(result, VerifyResult):
             raise TypeError(f"run_fn returned {type(result).__name__}, expected a VerifyResult")
-        if result.category == Category.INFRA:
+        if result.category == Category.INFRA and result.rule not in TASK_FAULT_RULES:
             self._retry_or_fail(self._device, job, result.feedback or "infra on device", result)
             return
         result.details.setdefault("farm_stage", "device")

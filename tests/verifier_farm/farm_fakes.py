@@ -73,6 +73,9 @@ def fake_run(task, code, build, cfg, device_index=None):
         return VerifyResult(task_id=task.task_id, category=Category.INFRA, feedback="device lost")
     if kind == "infra_always":
         return VerifyResult(task_id=task.task_id, category=Category.INFRA, feedback="device lost")
+    if kind == "task_fault":   # the task's reference does not repeat: the same on every attempt
+        return VerifyResult(task_id=task.task_id, category=Category.INFRA, feedback="reference not repeatable",
+                            rule="reference_not_repeatable")
     if kind == "crash_once" and _first_time(marker + ".crash"):
         os._exit(11)
     if kind == "crash_always":

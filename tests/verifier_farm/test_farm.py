@@ -59,6 +59,13 @@ def test_every_submission_gets_one_verdict_with_thread_slots(tmp_path):
     assert stats["categories"]["infra"] == 6
 
 
+def test_an_infra_verdict_that_is_the_tasks_fault_is_not_retried(tmp_path):
+    """A reference that does not repeat gives the same infra verdict on every attempt: one attempt, not three."""
+    with _farm(tmp_path) as farm:
+        r = farm.submit(ff.FakeTask(task_id="t"), "task_fault").result(timeout=60)
+    assert r.category == Category.INFRA and r.rule == "reference_not_repeatable" and r.attempts == 1
+
+
 def test_precheck_rejects_never_reach_the_compile_pool(tmp_path):
     with _farm(tmp_path) as farm:
         rs = farm.verify_batch([(ff.FakeTask("a"), "FORMAT no code")] * 5)
