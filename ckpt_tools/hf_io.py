@@ -18,6 +18,7 @@ from megatron_rl.bridge import HFCheckpointError
 from megatron_rl.bridge.hf_dir import check_model_type
 from megatron_rl.bridge.hf_state import INDEX_NAME, SINGLE_NAME
 from megatron_rl.checkpoint import HF_ASSET_FILES, copy_hf_asset_dirs
+from megatron_rl.fsutil import current_umask
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3  # HF's default "5GB"
 
@@ -126,7 +127,7 @@ class ShardedSafetensorsWriter:
 
         tmp_name = f".shard-{len(self._files):05d}.safetensors.tmp"
         save_file(tensors, str(self.out / tmp_name), metadata={"format": "pt"})
-        os.chmod(self.out / tmp_name, 0o666 & ~_umask())  # safetensors creates files 0600
+        os.chmod(self.out / tmp_name, 0o666 & ~current_umask())  # safetensors creates files 0600
         self._files.append((tmp_name, list(tensors), final))
 
     def _flush(self) -> None:
@@ -175,12 +176,6 @@ def follow_weight_map(weight_map: Mapping[str, str] | None, names: Iterable[str]
         return None
     plain = all(Path(f).name == f and f.endswith(".safetensors") and f != SINGLE_NAME for f in weight_map.values())
     return dict(weight_map) if plain and set(weight_map) == set(names) else None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _fsync_file(path: Path) -> None:

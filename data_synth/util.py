@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from typing import Any, Iterator
 
+from megatron_rl.fsutil import current_umask
+
 
 class DataSynthError(ValueError):
     """Bad input to a data_synth command; the message names the file, row or value that is wrong."""
@@ -30,12 +32,6 @@ def stable_hash(text: str, n: int = 16) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:n]
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to a temporary sibling and rename it over ``path`` (with the umask's mode, as a plain open
     gives, not mkstemp's 0600: the rows and manifests are read by the next stage's job, perhaps another user's)."""
@@ -43,7 +39,7 @@ def atomic_write_text(path: str, text: str) -> None:
     os.makedirs(parent, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -78,7 +74,7 @@ def atomic_dir(path: str, force: bool = False) -> Iterator[str]:
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
-    os.chmod(tmp, 0o777 & ~_umask())
+    os.chmod(tmp, 0o777 & ~current_umask())
     try:
         yield tmp
     except BaseException:

@@ -32,14 +32,21 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set back at once). Files and dirs that tempfile creates
+    0600/0700 and that are renamed into place get ``0o666 & ~umask`` / ``0o777 & ~umask``, as a plain open or mkdir
+    would: the next stage's job, perhaps another user's, reads them."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _mkdtemp_beside(target: Path) -> Path:
-    """A fresh hidden temp dir beside ``target``, with the mode a plain mkdir gives (the umask's), not mkdtemp's
+    """A fresh hidden temp dir beside ``target``, with the mode a plain mkdir gives (`current_umask`), not mkdtemp's
     0700: it is renamed into place, and an export or model dir readable only by its writer is unreadable to the
     evaluation job or container of another user that the chain hands it to."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    umask = os.umask(0o022)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
+    os.chmod(tmp, 0o777 & ~current_umask())
     return tmp
 
 
