@@ -106,16 +106,14 @@ FAMILY_DOMINANCE = ("attention", "conv", "gemm", "normalization", "softmax", "lo
 
 class _TorchCallRecorder(TorchFunctionMode):
     """The torch functions and tensor methods one call makes (``F.conv2d``, ``Tensor.sum``, ``x + y``), with their
-    tensor operands' shapes: what the reference's own code calls, above aten's decompositions."""
+    tensor operands' shapes: what the reference's own code calls, above aten's decompositions. (The time limit is
+    kept below, in `_DispatchDeadline`: every torch call reaches it.)"""
 
-    def __init__(self, seconds: float):
+    def __init__(self):
         super().__init__()
         self.calls: list[tuple[str, list[tuple[int, ...]]]] = []
-        self.deadline = time.monotonic() + seconds
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if time.monotonic() > self.deadline:   # an RNN's meta kernel decomposes into a call per time step
-            raise _EnoughCalls
         name = getattr(func, "__name__", "").strip("_")
         shapes = [tuple(a.shape) for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
         self.calls.append((name, shapes))
@@ -127,8 +125,8 @@ class _EnoughCalls(Exception):
 
 
 class _DispatchDeadline(TorchDispatchMode):
-    """Raises `_EnoughCalls` past ``deadline`` from below the torch functions too: an LSTM's meta kernel decomposes
-    into aten calls per time step (10-20 s for KernelBench's) without calling a torch function."""
+    """Raises `_EnoughCalls` past ``deadline``, below the torch functions: an LSTM's meta kernel decomposes into aten
+    calls per time step (10-20 s for KernelBench's) without calling a torch function."""
 
     def __init__(self, deadline: float):
         super().__init__()
@@ -141,8 +139,8 @@ class _DispatchDeadline(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def _Recording(recorder: "_TorchCallRecorder"):
-    with recorder, _DispatchDeadline(recorder.deadline):
+def _both(first, second):
+    with first, second:
         yield
 
 
@@ -151,9 +149,9 @@ def reference_families(task: Any, precision: str = "float32", seconds: float = 2
     carry none (KernelBench's): read from a run on meta tensors, so nothing is computed or allocated at any size,
     and cut after ``seconds`` (the calls so far count). [] when the reference does not run on meta tensors
     (data-dependent code)."""
-    recorder = _TorchCallRecorder(seconds)
+    recorder, deadline = _TorchCallRecorder(), _DispatchDeadline(time.monotonic() + seconds)
     try:
-        run_reference_on_meta(task, precision, _Recording(recorder))
+        run_reference_on_meta(task, precision, _both(recorder, deadline))   # entered around the call only
     except _EnoughCalls:
         pass
     except Exception:   # noqa: BLE001 - the task's own failure: no families, the caller says "unknown"

@@ -538,10 +538,12 @@ def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: 
             unscored[task.task_id] = f"{g.status}: {g.error[:300]}"
             log.warning("task %s not scored: %s", task.task_id, unscored[task.task_id])
             continue
+        if task.task_id not in families:   # KernelBench's tasks are classified by a meta-tensor run: once each
+            families[task.task_id] = _family(task)
+        family = families[task.task_id]
         for tr in g.trajectories:
             win = next((t for t in tr.turns if t.verdict.passed), None)
             last = tr.turns[-1]
-            family = families.get(task.task_id) or families.setdefault(task.task_id, _family(task))
             o = SampleOutcome(task_id=task.task_id, level=task.level, family=family, passed=win is not None,
                               first_turn_passed=tr.turns[0].verdict.passed,
                               speedup=win.verdict.speedup if win else None,

@@ -115,14 +115,10 @@ def begin_fresh_run(run_dir: Path, ckpt_root: Path) -> None:
         latest.unlink()
         fsync_dir(ckpt_root)
     metrics = Path(run_dir) / "metrics.jsonl"
-    if metrics.is_file():
-        earlier = metrics.with_name("metrics.prev.jsonl")
-        if earlier.is_file():   # a third run: the earlier runs' rows stay, in order
-            with open(earlier, "a") as f:
-                f.write(metrics.read_text())
-            metrics.unlink()
-        else:
-            os.replace(metrics, earlier)
+    if metrics.is_file():   # appended: a third run keeps both earlier runs' rows, in order
+        with open(metrics.with_name("metrics.prev.jsonl"), "a") as f:
+            f.write(metrics.read_text())
+        metrics.unlink()
 
 
 def run(cfg, resume: bool = False) -> dict:
