@@ -29,6 +29,8 @@ import tempfile
 import traceback
 from typing import Any
 
+from megatron_rl.fsutil import write_text_atomic
+
 TINY_QWEN3 = dict(model_type="qwen3", vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                   rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.2,
@@ -142,10 +144,7 @@ def _rank_main(a: CheckArgs) -> None:
                    "served_weight_version": served_version, "sync_seconds": round(report.seconds, 4),
                    "tokens": len(tokens), "samples": a.samples, "tp": a.tp, "pp": a.pp, "transport": a.transport, "dtype": a.dtype,
                    "sync": report.to_json()}
-            tmp = a.result_path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(out, f)
-            os.replace(tmp, a.result_path)
+            write_text_atomic(a.result_path, json.dumps(out))
     finally:
         sync.close()
 

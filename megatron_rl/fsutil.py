@@ -6,6 +6,7 @@ one (plus, at worst, a hidden temp to clean up).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -22,13 +23,23 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a unique hidden sibling and rename it over ``path``: a reader sees the old file or the new
+    one, two writers (threads, ranks) never share a temp name, and a failed write leaves no temp behind. The file
+    gets the umask's mode, as a plain open gives (not mkstemp's 0600): the next stage's job may be another user's."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
 
 

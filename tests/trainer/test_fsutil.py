@@ -1,0 +1,52 @@
+"""`fsutil.write_text_atomic`: every summary, report, latest-checkpoint pointer and HF asset goes through it."""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import pytest
+
+from megatron_rl.fsutil import write_text_atomic
+
+
+def test_concurrent_writers_never_share_a_temp_and_a_reader_sees_one_whole_text(tmp_path):
+    """Threads of one process (evaluate's writer beside a progress thread, two ranks' helpers) once shared the
+    temp name `.NAME.tmpPID`: the second rename found the file gone (FileNotFoundError) or a mix of both texts."""
+    target = tmp_path / "summary.json"
+    texts = [f"{i}:" + str(i) * 200_000 + "\n" for i in range(8)]
+    errors: list[BaseException] = []
+
+    def write(text: str) -> None:
+        try:
+            for _ in range(5):
+                write_text_atomic(target, text)
+        except BaseException as e:  # noqa: BLE001 - collected for the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert target.read_text() in texts
+    assert sorted(os.listdir(tmp_path)) == ["summary.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "latest_checkpointed_iteration.txt"
+    write_text_atomic(target, "7")
+    with pytest.raises(TypeError):
+        write_text_atomic(target, b"8")   # not text: the write fails after the temp exists
+    assert target.read_text() == "7"
+    assert sorted(os.listdir(tmp_path)) == [target.name]
+
+
+def test_the_file_gets_the_umask_mode_and_its_folder_is_created(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_text_atomic(tmp_path / "new" / "report.md", "# report\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new" / "report.md").stat().st_mode) == 0o640
