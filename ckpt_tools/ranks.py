@@ -50,6 +50,14 @@ def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
     on failure.
     """
     out = Path(out_dir).absolute()
+    if out.is_symlink():
+        # a link to the directory to fill (on another disk, say): the finished output replaces the link's target.
+        # Renaming onto the link itself fails (an empty directory through a link cannot be removed), and only
+        # after the whole conversion ran
+        try:
+            out = out.resolve()
+        except (OSError, RuntimeError) as e:  # a loop of links
+            raise ToolError(f"output {out}: cannot follow the symbolic link ({e})") from None
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ToolError(f"output {out} already exists and is not empty; refusing to overwrite it")
     created: list[Path] = []

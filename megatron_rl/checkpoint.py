@@ -374,11 +374,15 @@ def copy_hf_assets(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
             shutil.copy2(src / name, dst / name)
             copied.append(name)
     copied += copy_hf_asset_dirs(src, dst)
-    if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
-        from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, SOURCE_LAYOUT_FILE,
-                                               SOURCE_WEIGHT_MAP_FILE, save_fp32_source_dtypes, save_passthrough,
-                                               save_source_layout)
+    # the bridge is imported here, not at the top: it registers every architecture (megatron-core specs), which
+    # the checkpoint readers of the CLI tools do not need
+    from megatron_rl.bridge.hf_dir import (FP32_SOURCE_DTYPES_FILE, PASSTHROUGH_FILE, SOURCE_LAYOUT_FILE,
+                                           SOURCE_WEIGHT_MAP_FILE, save_fp32_source_dtypes, save_passthrough,
+                                           save_source_layout)
+    from megatron_rl.bridge.hf_state import INDEX_NAME
 
+    # weights beside config.json, or wherever its index puts them (an index may name shards in a subfolder)
+    if (src / "config.json").is_file() and (any(src.glob("*.safetensors")) or (src / INDEX_NAME).is_file()):
         if save_passthrough(src, dst):  # tensors the model does not hold (a vision tower), for the export
             copied.append(PASSTHROUGH_FILE)
         if save_fp32_source_dtypes(src, dst):  # the dtype a release stored A_log in, for the export

@@ -28,7 +28,7 @@ def load_hf_config(hf_dir: str | os.PathLike):
         raise HFCheckpointError(f"HF checkpoint directory {hf_dir} "
                                 + ("is a file, not a directory" if Path(hf_dir).exists() else "does not exist"))
     if not path.is_file():
-        raise HFCheckpointError(f"{path}: missing")
+        raise HFCheckpointError(f"{path}: missing{_hub_cache_hint(Path(hf_dir))}")
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -42,6 +42,19 @@ def load_hf_config(hf_dir: str | os.PathLike):
         raise HFCheckpointError(f"{path}: transformers cannot read it ({type(e).__name__}: {e})") from None
     check_architectures(cfg, path)
     return cfg
+
+
+def _hub_cache_hint(hf_dir: Path) -> str:
+    """Where the model is when `hf_dir` is a Hugging Face hub cache entry (``models--org--name``, which holds
+    ``snapshots/<revision>/``) rather than a model directory."""
+    snapshots = hf_dir / "snapshots"
+    if not snapshots.is_dir():
+        return ""
+    revisions = sorted(p for p in snapshots.iterdir() if (p / "config.json").is_file())
+    if not revisions:
+        return f"; {hf_dir} is a Hugging Face hub cache entry with no complete snapshot under {snapshots}"
+    return (f"; {hf_dir} is a Hugging Face hub cache entry: pass a snapshot directory, e.g. {revisions[-1]}"
+            + (f" ({len(revisions)} snapshots)" if len(revisions) > 1 else ""))
 
 
 def check_model_type(model_type, where) -> None:
@@ -80,12 +93,50 @@ def _tie_flag_hint(cfg, missing: list[str]) -> str:
     return ""
 
 
+#: files quantization tools write beside config.json, some of them instead of its ``quantization_config`` (NVIDIA
+#: ModelOpt's hf_quant_config.json, AutoGPTQ's quantize_config.json, AutoAWQ's quant_config.json)
+QUANT_CONFIG_FILES = ("hf_quant_config.json", "quantize_config.json", "quant_config.json")
+#: tensor-name endings of quantized weights' companions (fp8 block and per-tensor scales, GPTQ/AWQ packed weights)
+QUANT_TENSOR_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".input_scale", ".qweight", ".qzeros", ".g_idx")
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def quantized_weights_problem(hf_dir: str | os.PathLike, state: LazyHFState) -> str | None:
+    """Why a checkpoint whose config.json has no ``quantization_config`` (the spec refuses that field by name) holds
+    quantized weights anyway, or None: an fp8 tensor, or the scale / packed tensors quantized weights come with
+    (with the quantization tool's own config file, when there is one). Said so, rather than as tensors the config
+    does not use or a dtype to convert from: fp8 values are not the weights without their scales."""
+    for n in state.keys():
+        if n.endswith(QUANT_TENSOR_SUFFIXES):
+            why = f"tensor {n!r} belongs to a quantized weight"
+        elif _dtype_or_none(state, n) in _FP8_DTYPES:
+            why = f"tensor {n!r} is {str(state.dtype(n)).removeprefix('torch.')}"
+        else:
+            continue
+        files = [f for f in QUANT_CONFIG_FILES if (Path(hf_dir) / f).is_file()]
+        return (f"{state.file_of(n)}: {why}" + (f" (and {', '.join(files)} describes the quantization)" if files
+                                                  else "")
+                + "; quantized weights are not supported; convert the unquantized (bf16/fp16/fp32) release")
+    return None
+
+
+def _dtype_or_none(state: LazyHFState, name: str):
+    """`name`'s dtype, None for one torch has no name for here (a tensor carried byte for byte may hold any)."""
+    try:
+        return state.dtype(name)
+    except HFCheckpointError:
+        return None
+
+
 def check_hf_input(hf_dir: str, par):
     """(config, bridge, state) after validating everything a conversion needs from `hf_dir`."""
     cfg = load_hf_config(hf_dir)
     bridge = get_bridge(cfg)
     bridge.validate(par)
     state = LazyHFState(hf_dir)
+    quantized = quantized_weights_problem(hf_dir, state)
+    if quantized:
+        raise HFCheckpointError(quantized)
     try:
         bridge = bridge.for_names(state.keys())  # the weights' prefix, whichever model_type config.json names
     except BridgeError as e:

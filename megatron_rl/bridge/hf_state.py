@@ -27,6 +27,33 @@ class HFCheckpointError(ValueError):
     """A missing, unreadable or inconsistent HF checkpoint file (the message names the file)."""
 
 
+def _missing_file(fp: Path, listed: bool) -> str:
+    """Why weights file `fp` cannot be opened: a link to nothing (a download or copy cut short, an unmounted disk),
+    or a file its index names that is not there."""
+    if fp.is_symlink():
+        return f"{fp}: a symbolic link to {os.readlink(fp)}, which does not exist (an interrupted download?)"
+    if fp.exists():
+        return f"{fp}: not a regular file"
+    return f"{fp}: listed in {INDEX_NAME} but missing" if listed else f"{fp}: missing"
+
+
+#: how a Git LFS pointer file starts: what a clone without ``git lfs`` leaves in place of each weights file
+_LFS_POINTER = b"version https://git-lfs"
+
+
+def _lfs_hint(fp: Path) -> str:
+    """A hint when `fp` is a Git LFS pointer rather than the weights (safetensors only says its header is bad)."""
+    try:
+        with open(fp, "rb") as f:
+            head = f.read(len(_LFS_POINTER))
+    except OSError:
+        return ""
+    if head != _LFS_POINTER:
+        return ""
+    return ("; it is a Git LFS pointer, not the weights: the repository was cloned without Git LFS "
+            "(run `git lfs pull` in it, or download it with `huggingface-cli download`)")
+
+
 class LazyHFState:
     """`HFSource` over ``model.safetensors`` or a sharded set with ``model.safetensors.index.json``.
 
@@ -54,6 +81,8 @@ class LazyHFState:
                     raise TypeError("weight_map is not an object")
             except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
                 raise HFCheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+            if not declared:
+                raise HFCheckpointError(f"{index}: its weight_map is empty (it names no tensors)")
             files = sorted(set(declared.values()))
         else:
             files = sorted(p.name for p in self.path.glob("*.safetensors"))
@@ -68,12 +97,12 @@ class LazyHFState:
         for f in files:
             fp = self.path / f
             if not fp.is_file():
-                raise HFCheckpointError(f"{fp}: listed in {INDEX_NAME} but missing")
+                raise HFCheckpointError(_missing_file(fp, listed=declared is not None))
             try:
                 handle = safe_open(str(fp), framework="pt", device="cpu")
                 names = list(handle.keys())
             except Exception as e:  # safetensors raises its own error types for bad headers/sizes
-                raise HFCheckpointError(f"{fp}: not a readable safetensors file ({e})") from None
+                raise HFCheckpointError(f"{fp}: not a readable safetensors file ({e}){_lfs_hint(fp)}") from None
             self._handles[f] = handle
             for n in names:
                 if n in self._where:
