@@ -225,6 +225,8 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
                     dtypes=_dtypes(args.dtypes), noncontiguous=args.noncontiguous, odd_shapes=args.odd_shapes,
                     min_ops=min_ops, max_ops=max_ops, teacher_only=args.teacher_only, templates=_csv(args.templates),
                     ops=_csv(args.only_ops))
+    if args.max_candidates is not None and args.max_candidates < 1:
+        raise DataSynthError(f"--max-candidates must be >= 1, got {args.max_candidates}")
     if os.path.exists(args.out) and not args.force:
         raise DataSynthError(f"{args.out} already exists (pass --force to replace it)")
     refs = [] if args.no_decontaminate else references(not args.no_kernelbench, args.against)
@@ -237,6 +239,9 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
         if r.status == "skipped":
             key = f"{r.check}:{(r.reason or '').split(':')[0]}"
             skipped[key] = skipped.get(key, 0) + 1
+    if not tasks:   # an empty task set is no output: every later stage refuses it ("no task files")
+        raise RuntimeError(f"no candidate was accepted ({len(records)} tried; skipped: {skipped or 'none'}); "
+                           f"nothing written to {args.out}")
     info = {"command": "generate", "stage": cfg.stage, "seed": cfg.seed, "requested": cfg.n, "accepted": len(tasks),
             "candidates": len(records), "skipped": skipped, "validated": validation is not None,
             "decontaminated_against": [r.name for r in refs], "weights": weights,
@@ -370,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        print(f"interrupted: {args.command} stopped before its outputs were written"
+              + ("; the finished samples stay in OUT.partial and the same command again reuses them"
+                 if args.command == "distill" else ""), file=sys.stderr)
         return 130
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)

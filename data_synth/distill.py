@@ -12,13 +12,18 @@ text. With ``turns > 1`` a failed answer gets the verifier's feedback as the nex
 with ``step_loss_mask: 0`` (loss on the final assistant turn only).
 
 Nothing is written for an unreachable endpoint (the error names the URL and what failed); rows are written to
-``OUT.partial`` as they finish and renamed to ``OUT``, in task order, at the end.
+``OUT.partial`` as they finish and renamed to ``OUT``, in task order, at the end. A run that was stopped (Ctrl-C, a
+kill, a lost node) leaves its finished samples in ``OUT.partial``; run the same command again and they are reused
+(each only where the teacher, the sampling and verifier settings and the task's prompt are the same), not redone.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import os
+import shutil
 import sys
 import time
 import zlib
@@ -41,7 +46,7 @@ from .generate import GeneratedTask
 from .taskset import verifier_task
 from .compact import compact_answer
 from .teacher import Unsupported, offline_answer
-from .util import DataSynthError, atomic_write_jsonl
+from .util import DataSynthError, atomic_write_jsonl, stable_hash
 
 log = logging.getLogger("data_synth")
 ROW_FORMAT = "data_synth.sft/1"
@@ -95,6 +100,10 @@ class DistillConfig:
         for name in ("samples", "turns", "concurrency", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise DataSynthError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.temperature >= 0:
+            raise DataSynthError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise DataSynthError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.size_profile:
             from verifier.size_profiles import parse_fit_profile
 
@@ -322,8 +331,40 @@ async def _sample(task: GeneratedTask, k: int, teacher: _Teacher, verify, cfg: D
             "_verify_results": verdicts}
 
 
+_NOT_IN_RESUME_KEY = ("offline", "samples", "concurrency", "keep", "cache_dir", "compile_workers",
+                      "request_timeout_s", "farm")   # how the work is run, not what a sample is
+
+
+def _resume_key(cfg: DistillConfig, teacher: str, prompt: str, k: int) -> str:
+    """What a finished sample depends on: a row of an earlier run's ``OUT.partial`` is reused only under the same
+    key (teacher, sampling and verifier settings, the task's rendered prompt, the sample index)."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _NOT_IN_RESUME_KEY}
+    return stable_hash(json.dumps({**fields, "teacher": teacher, "prompt": prompt, "k": k}, sort_keys=True,
+                                  default=str), 32)
+
+
+def _previous_rows(paths: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Finished samples of an earlier, stopped run (its ``.partial`` rows; a torn last line is skipped):
+    ``{sample_id: {resume_key: row}}`` with the verdicts back as `VerifyResult`s."""
+    from verifier.samples import read_result_rows
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in paths:
+        if not os.path.isfile(path):
+            continue
+        for r in read_result_rows(path):
+            try:
+                verdicts = [VerifyResult.from_dict(v) for v in r.pop("_verify_results")]
+                key = r.pop("_resume_key")
+                out.setdefault(str(r["sample_id"]), {})[key] = {**r, "_verify_results": verdicts}
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue   # a row of an older format or another tool: sampled again
+    return out
+
+
 async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: VerifierFarm, cfg: DistillConfig,
-               writer: ResultsWriter, summary: DistillSummary, progress: bool) -> list[dict[str, Any]]:
+               writer: ResultsWriter, summary: DistillSummary, progress: bool,
+               previous: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     verify = farm_verify_fn(farm)
     sem = asyncio.Semaphore(cfg.concurrency)
     jobs: list[tuple[int, GeneratedTask, int]] = []
@@ -346,12 +387,19 @@ async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: Verifier
     bar = tqdm(total=len(jobs), desc="distill", unit="sample", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)
 
+    prompts = {tid: stable_hash(json.dumps(initial_messages(vt, cfg.backend, cfg.system_prompt), sort_keys=True))
+               for tid, vt in vtasks.items()}
+
     async def one(idx: int, t: GeneratedTask, k: int) -> None:
-        async with sem:
-            row = await _sample(t, k, teacher, verify, cfg, vtasks[t.task_id])
+        key = _resume_key(cfg, teacher.name, prompts[t.task_id], k)
+        row = previous.pop(f"{t.task_id}#{k}", {}).get(key)
+        if row is None:
+            async with sem:
+                row = await _sample(t, k, teacher, verify, cfg, vtasks[t.task_id])
         results[idx] = row
-        if row is not None and (cfg.keep == "all" or row["passed"]):
-            writer.append({key: v for key, v in row.items() if not key.startswith("_")})
+        if row is not None:   # every finished sample, kept or not, so a rerun need not redo it
+            writer.append({**{n: v for n, v in row.items() if not n.startswith("_")}, "_resume_key": key,
+                           "_verify_results": [v.to_dict() for v in row["_verify_results"]]})
         bar.update(1)
 
     try:
@@ -403,6 +451,20 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
     async def main() -> tuple[_Teacher, list[dict[str, Any]]]:
         teacher = OfflineTeacher(cfg.backend, cfg.style, cfg.seed, cfg.compact_styles) if cfg.offline \
             else await connect(cfg)
+        # an earlier stopped run's finished samples: its .partial moves aside, then the new .partial gets them back
+        # as they are reused. A run stopped again before that leaves both files: the new rows are appended to the
+        # aside file (which alone still holds the rest), never renamed over it
+        partial, aside = out + ".partial", out + ".partial.resume"
+        if os.path.isfile(partial) and os.path.isfile(aside):
+            with open(aside, "ab") as dst, open(partial, "rb") as src:
+                dst.write(b"\n")   # a torn last line stays one bad line (skipped), not glued to the next row
+                shutil.copyfileobj(src, dst)
+            os.unlink(partial)
+        elif os.path.isfile(partial):
+            os.replace(partial, aside)
+        previous = _previous_rows([aside])
+        if previous:
+            log.warning("%s: reusing the finished samples of an earlier run where they match", partial)
         writer = ResultsWriter(out)
         finished = False
         rows: list[dict[str, Any]] = []
@@ -415,7 +477,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
                     raise RuntimeError(f"cannot start the verifier farm: {e}") from e
                 done = False
                 try:
-                    rows += await _run(group, teacher, farm, cfg, writer, summary, progress)
+                    rows += await _run(group, teacher, farm, cfg, writer, summary, progress, previous)
                     done = True
                 finally:
                     farm.close(drain=done)
@@ -429,6 +491,8 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
         kept = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows
                 if cfg.keep == "all" or r["passed"]]
         writer.finish(kept)
+        if os.path.isfile(aside):
+            os.unlink(aside)
         return teacher, rows
 
     try:

@@ -750,6 +750,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, ValueError, FileNotFoundError, EvalError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # the reports are written at the end, whole: OUT holds the last finished run's
+        print(f"interrupted: nothing written to {cfg.out}'s results or reports (a previous run's are as they were); "
+              f"--result-cache FILE keeps verdicts across runs", file=sys.stderr)
+        return 130
     o = summary["overall"]
     n = summary["samples"]
     print_summary({"model": summary["model"], "tasks": summary["tasks"], "scored_tasks": summary["scored_tasks"],

@@ -1,7 +1,8 @@
 """Supervised fine-tuning of the Megatron actor on chat transcripts (the recipe's SFT and RFT stages).
 
     python -m megatron_rl.sft --config configs/sft_tiny.yaml [key=value ...] [--model HF_DIR] [--data F.jsonl]
-    python -m megatron_rl.sft --config configs/sft_tiny.yaml --resume
+    python -m megatron_rl.sft --config configs/sft_tiny.yaml --resume          # or --auto-resume: resume if a
+                                                                            # checkpoint exists, else start fresh
 
 Rows (``data_synth.sft/1`` from ``data_synth distill`` / ``rft``, or any ``{"messages": [...]}``) are rendered by
 the tokenizer's chat template with the loss on the final assistant turn only (`megatron_rl.sft_data`). Each step
@@ -178,8 +179,12 @@ def validate_sft(cfg: SFTConfig) -> None:
     if cfg.model.tokenizer == "auto":
         cfg.model.tokenizer = cfg.model.path if cfg.model.path else "qwen3-offline"
     if cfg.model.tokenizer != "qwen3-offline":
-        need(abs_path(cfg.model.tokenizer).is_dir(), f"model.tokenizer: {abs_path(cfg.model.tokenizer)} is not a "
-                                                     f"directory (or use 'qwen3-offline')")
+        tp = abs_path(cfg.model.tokenizer)
+        need(tp.is_dir(), f"model.tokenizer: {tp} is not a directory (or use 'qwen3-offline')")
+        if tp.is_dir():   # as the RL config checks it (megatron_rl.config.validate)
+            need(any((tp / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")),
+                 f"model.tokenizer: {tp} has no tokenizer files (tokenizer.json / tokenizer_config.json); "
+                 f"set model.tokenizer=qwen3-offline or point it at a tokenizer dir")
     if problems:
         raise ConfigError(problems)
 
@@ -320,7 +325,7 @@ def _start_ranks(cfg: SFTConfig, model_dir: str):
 
 def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     from megatron_rl.observability import PhaseTimer
-    from megatron_rl.sft_data import SFTDataError, load_samples
+    from megatron_rl.sft_data import SFTDataError, encode_samples, read_samples
     from megatron_rl.tokenizer import load_tokenizer
     from megatron_rl.train import begin_fresh_run, prepare_model
 
@@ -329,6 +334,12 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     problem = resume_problem(cfg.ckpt_root) if resume else None
     if problem:   # before the run dir is made
         raise SystemExit(problem)
+    # the rows are read and checked first: bad data stops the run before it changes anything (an earlier run's
+    # --resume pointer and metrics in the same dir stay as they are)
+    files = [abs_path(f) for f in cfg.data.files]
+    parsed, report = read_samples(files, on_error=cfg.data.on_error, require_passed=cfg.data.require_passed)
+    if not parsed:
+        raise SFTDataError(f"no trainable rows in {', '.join(map(str, files))} ({report.to_dict()})")
     if not resume:
         begin_fresh_run(run_dir, cfg.ckpt_root)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -339,11 +350,10 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
 
     vocab = int(text_config(load_hf_config(model_dir)).vocab_size)
     kw = {} if cfg.data.enable_thinking is None else {"enable_thinking": cfg.data.enable_thinking}
-    rows, report = load_samples([abs_path(f) for f in cfg.data.files], tokenizer, on_error=cfg.data.on_error,
-                                max_seq_len=cfg.data.max_seq_len, require_passed=cfg.data.require_passed,
-                                template_kwargs=kw, vocab_size=vocab)
+    rows = encode_samples(parsed, report, tokenizer, on_error=cfg.data.on_error, max_seq_len=cfg.data.max_seq_len,
+                          template_kwargs=kw, vocab_size=vocab)
     if not rows:
-        raise SFTDataError(f"no trainable rows in {', '.join(cfg.data.files)} ({report.to_dict()})")
+        raise SFTDataError(f"no trainable rows in {', '.join(map(str, files))} ({report.to_dict()})")
     sched = Schedule(len(rows), cfg.train.global_batch_size, cfg.data.shuffle_seed)
     total = cfg.train.steps or cfg.train.epochs * sched.steps_per_epoch
     a = cfg.actor
@@ -405,10 +415,12 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from megatron_rl.train import add_resume_args
+
     p = argparse.ArgumentParser(prog="python -m megatron_rl.sft", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML preset (configs/sft_*.yaml)")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in train.ckpt_dir")
+    add_resume_args(p)
     p.add_argument("--model", help="HF checkpoint dir to start from (same as model.path=...)")
     p.add_argument("--data", action="append", help="SFT JSONL file (repeatable; same as data.files=[...])")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=3 actor.lr=1e-5")
@@ -418,15 +430,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from megatron_rl.observability import print_summary
     from megatron_rl.sft_data import SFTDataError
+    from megatron_rl.train import cli_path
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse_args(argv)
     overrides = list(args.overrides)
+    # a flag's path is the shell's, from the working dir (a relative path in key=value is from the repository root)
     if args.model:
-        overrides.append(f"model.path={args.model}")
+        overrides.append(f"model.path={cli_path(args.model)}")
     if args.data:
-        overrides.append("data.files=[" + ",".join(f"'{f}'" for f in args.data) + "]")
+        overrides.append("data.files=[" + ",".join(f"'{cli_path(f)}'" for f in args.data) + "]")
     if args.resume:
         overrides.append("train.resume=true")
     try:
@@ -434,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    problem = resume_problem(cfg.ckpt_root) if cfg.train.resume else None
+    from megatron_rl.train import resolve_resume
+
+    cfg.train.resume, problem = resolve_resume(cfg.ckpt_root, cfg.train.resume, args.auto_resume, "sft")
     if problem:   # a usage error: exit 2 before anything is started or written
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -154,15 +154,38 @@ def load_samples(files: Sequence[str | Path], tokenizer, *, on_error: str = "rai
     """Every row of ``files`` as a training sample. ``on_error``: ``raise`` (`SFTDataError` at the first bad row)
     or ``skip`` (log a warning per row, with its reason). Rows with ``"passed": false`` (``distill --keep all``)
     are skipped with a logged reason when ``require_passed``."""
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be raise or skip, got {on_error!r}")
     report = LoadReport()
     out: list[EncodedRow] = []
+    for row in _checked_rows(files, on_error, require_passed, report):   # row by row: the first bad row is named
+        out += encode_samples([row], report, tokenizer, on_error=on_error, max_seq_len=max_seq_len,
+                              template_kwargs=template_kwargs, vocab_size=vocab_size)
+    return out, report
+
+
+def _bad_row(report: LoadReport, on_error: str, where: str, reason: str) -> None:
+    if on_error == "raise":
+        raise SFTDataError(f"{where}: {reason}")
+    log.warning("skip %s: %s", where, reason)
+    report.skipped.append((where, reason))
+
+
+def read_samples(files: Sequence[str | Path], *, on_error: str = "raise",
+                 require_passed: bool = True) -> tuple[list[tuple[str, str, dict]], LoadReport]:
+    """The first half of `load_samples`, which needs no tokenizer: every row read and checked, as
+    ``(file, "file:line", row)``. A launcher calls it before it changes anything, so bad data stops a run first."""
+    report = LoadReport()
+    return list(_checked_rows(files, on_error, require_passed, report)), report
+
+
+def _checked_rows(files: Sequence[str | Path], on_error: str, require_passed: bool,
+                  report: LoadReport) -> Iterator[tuple[str, str, dict]]:
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be raise or skip, got {on_error!r}")
     for file in files:
         path = Path(file)
         if not path.is_file():
             raise SFTDataError(f"{path}: SFT file not found")
-        before = len(out)
+        report.files[str(path)] = 0
         for line, row, error in read_rows(path):
             where = f"{path}:{line}"
             report.rows += 1
@@ -179,23 +202,32 @@ def load_samples(files: Sequence[str | Path], tokenizer, *, on_error: str = "rai
                             where)
                 report.skipped.append((where, "not passed: the answer failed verification"))
                 continue
-            sample = None
-            if reason is None:
-                try:
-                    sample = encode_messages(tokenizer, row["messages"], template_kwargs)
-                except ValueError as e:
-                    reason = f"chat template: {e}"
-            if sample is not None and max_seq_len is not None and len(sample) > max_seq_len:
-                reason = f"too long: {len(sample)} tokens > data.max_seq_len={max_seq_len}"
-            if sample is not None and reason is None and vocab_size is not None and max(sample.tokens) >= vocab_size:
-                reason = f"token id {max(sample.tokens)} is outside the model's vocabulary ({vocab_size})"
             if reason is not None:
-                if on_error == "raise":
-                    raise SFTDataError(f"{where}: {reason}")
-                log.warning("skip %s: %s", where, reason)
-                report.skipped.append((where, reason))
+                _bad_row(report, on_error, where, reason)
                 continue
-            out.append(EncodedRow(where, sample, row.get("sample_id")))
-        report.files[str(path)] = len(out) - before
-    report.encoded = len(out)
-    return out, report
+            yield str(path), where, row
+
+
+def encode_samples(rows: Sequence[tuple[str, str, dict]], report: LoadReport, tokenizer, *, on_error: str = "raise",
+                   max_seq_len: int | None = None, template_kwargs: dict | None = None,
+                   vocab_size: int | None = None) -> list[EncodedRow]:
+    """The second half of `load_samples`: `read_samples`' rows rendered and tokenized (``report`` updated)."""
+    out: list[EncodedRow] = []
+    for path, where, row in rows:
+        try:
+            sample = encode_messages(tokenizer, row["messages"], template_kwargs)
+        except ValueError as e:
+            _bad_row(report, on_error, where, f"chat template: {e}")
+            continue
+        reason = None
+        if max_seq_len is not None and len(sample) > max_seq_len:
+            reason = f"too long: {len(sample)} tokens > data.max_seq_len={max_seq_len}"
+        elif vocab_size is not None and max(sample.tokens) >= vocab_size:
+            reason = f"token id {max(sample.tokens)} is outside the model's vocabulary ({vocab_size})"
+        if reason is not None:
+            _bad_row(report, on_error, where, reason)
+            continue
+        out.append(EncodedRow(where, sample, row.get("sample_id")))
+        report.files[path] = report.files.get(path, 0) + 1
+        report.encoded += 1
+    return out

@@ -1,6 +1,6 @@
 """The RL driver: rollout -> train -> checkpoint -> weight sync, one step after another.
 
-    python -m megatron_rl.train --config configs/quickstart.yaml [key=value ...] [--resume]
+    python -m megatron_rl.train --config configs/quickstart.yaml [key=value ...] [--resume | --auto-resume]
 
 Each step the rollout side generates `data.prompts_per_step` groups of `agent.group_size` multi-turn
 trajectories (verdicts and scores from the environment, PrimeEcho over turns, dynamic sampling in
@@ -33,13 +33,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m megatron_rl.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML preset (configs/*.yaml)")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in train.ckpt_dir")
-    p.add_argument("--auto-resume", action="store_true",
-                   help="continue from the last checkpoint in train.ckpt_dir if there is one, else start fresh (what "
-                        "a requeued job wants: launch/slurm_train.sbatch passes it on a restart)")
+    add_resume_args(p)
     p.add_argument("--model", help="HF checkpoint dir (same as model.path=...)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=5 actor.tp=2")
     return p.parse_args(argv)
+
+
+def add_resume_args(p: argparse.ArgumentParser) -> None:
+    """``--resume`` and ``--auto-resume`` (one or the other), as `megatron_rl.train` and `megatron_rl.sft` take them;
+    `resolve_resume` says what they mean for a run."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint in train.ckpt_dir")
+    g.add_argument("--auto-resume", action="store_true",
+                   help="continue from the last checkpoint in train.ckpt_dir if there is one, else start fresh (what "
+                        "a requeued job wants: launch/slurm_train.sbatch passes it on a restart)")
+
+
+def resolve_resume(ckpt_root: Path, resume: bool, auto_resume: bool, prog: str = "run") -> tuple[bool, str | None]:
+    """Whether a run continues from `ckpt_root`, and why it cannot (a usage error, reported before anything is
+    started or written). ``--auto-resume`` continues when the root holds a latest-checkpoint pointer (the one a fresh
+    run in a used dir drops), else starts fresh; an unreadable pointer is then reported, not silently started over."""
+    from megatron_rl.checkpoint import LATEST_FILE, resume_problem
+
+    if auto_resume and not resume and (Path(ckpt_root) / LATEST_FILE).exists():
+        resume = True
+        print(f"[{prog}] --auto-resume: continuing from {ckpt_root}", file=sys.stderr, flush=True)
+    return resume, (resume_problem(ckpt_root) if resume else None)
+
+
+def cli_path(p: str) -> str:
+    """A path given as a command-line flag, absolute: relative to the working dir, as the shell means it (config
+    keys' relative paths are from the repository root, `megatron_rl.config.abs_path`)."""
+    return os.path.abspath(os.path.expanduser(p))
 
 
 TINY_SPEC_FILE = "tiny_spec.json"   # what a run dir's tiny random model was built from
@@ -208,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     dump_stacks_on_sigusr1()
     args = parse_args(argv)
     overrides = list(args.overrides)
-    if args.model:
-        overrides.append(f"model.path={args.model}")
+    if args.model:   # a flag's path is the shell's: from the working dir (key=value paths: from the repository root)
+        overrides.append(f"model.path={cli_path(args.model)}")
     if args.resume:
         overrides.append("train.resume=true")
     try:
@@ -217,12 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from megatron_rl.checkpoint import LATEST_FILE, resume_problem   # (heavy imports wait for a valid config)
-
-    if args.auto_resume and not cfg.train.resume and (cfg.ckpt_root / LATEST_FILE).exists():
-        cfg.train.resume = True   # an unreadable pointer is then reported below, not silently started over
-        print(f"[run] --auto-resume: continuing from {cfg.ckpt_root}", file=sys.stderr, flush=True)
-    problem = resume_problem(cfg.ckpt_root) if cfg.train.resume else None
+    cfg.train.resume, problem = resolve_resume(cfg.ckpt_root, cfg.train.resume, args.auto_resume)
     if problem:   # a usage error like a bad key: exit 2 before anything is started or written
         print(f"error: {problem}", file=sys.stderr)
         return 2
