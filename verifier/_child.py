@@ -1235,7 +1235,12 @@ def run_device(job: dict, chan: Channel) -> None:
     except BaseException as e:  # still no candidate code: the harness's problem
         chan.send({"op": "task_error", "error": _describe(e)})
         return
-    chan.send({"op": "task_loaded"})
+    # a cpu run child needs no process of its own from here on: a candidate's forked helper (memory shared through
+    # shmat) would compute outside every timed span and every CPU-time account of this process
+    from verifier import syscall_filter
+    processes = syscall_filter.install_no_processes() if job.get("no_processes") else \
+        {"applied": False, "reason": "not requested"}
+    chan.send({"op": "task_loaded", "process_filter": processes})
     try:
         module = _load_module(CANDIDATE_MODULE_NAME, job["candidate_path"])
         if not hasattr(module, "ModelNew"):

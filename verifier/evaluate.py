@@ -188,6 +188,38 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocati
                             re.IGNORECASE)
 
 _INTEGRITY_FIELDS = {"violations": list, "background_cpu_ms": (int, float), "threads_started": int}
+# entries of each reference output kept per correctness trial to tell whether the reference depends on its inputs
+# (``reference_ignores_inputs``): every entry up to this many, else an even stride of them
+REFERENCE_PROBE_ELEMENTS = 1 << 20
+# a reference ignores its inputs when its outputs on the trials' inputs agree this much more tightly than the
+# comparison's tolerance: a large reduction to one scalar (an MSE over 2^18 entries at float16's 1e-2, a full-size
+# KernelBench loss at float32's 1e-4) moves by less than the tolerance from trial to trial, yet is no constant, and
+# its honest kernels must be scored
+INSENSITIVE_TOLERANCE_FACTOR = 1e-2
+
+
+def _probe(ref_leaves: list) -> list:
+    """A copy of ``ref_leaves`` with each tensor cut to at most REFERENCE_PROBE_ELEMENTS entries at an even stride
+    (the same positions in every trial: the output shapes are the task's)."""
+    import torch
+    out = []
+    for leaf in ref_leaves:
+        if isinstance(leaf, torch.Tensor):
+            flat = leaf.detach().reshape(-1)
+            step = -(-flat.numel() // REFERENCE_PROBE_ELEMENTS) if flat.numel() else 1
+            out.append(flat[::step].clone())
+        else:
+            out.append(leaf)
+    return out
+
+
+def reference_ignores_inputs(probes: list[list], tolerance: float, scale_floor: float) -> bool:
+    """Whether the reference's outputs on the correctness trials' different inputs (``_probe``'s samples, one list
+    per trial) are all the same, within ``INSENSITIVE_TOLERANCE_FACTOR`` of the tolerance."""
+    if len(probes) < 2:
+        return False
+    tol = tolerance * INSENSITIVE_TOLERANCE_FACTOR
+    return all(compare_outputs(p, probes[0], tol, tol, scale_floor).ok for p in probes[1:])
 
 
 def _number(value: Any, default: float = math.nan) -> float:
@@ -701,7 +733,10 @@ class _DeviceStage:
         workdir = tempfile.mkdtemp(prefix="verifier-run-", dir=cfg.work_dir)
         job = {"backend": cfg.backend, "candidate_path": os.path.join(workdir, "candidate.py"),
                "task_path": os.path.join(workdir, "task.py"), "precision": cfg.precision,
-               "cpu_threads": cfg.cpu_threads, "cpu_flush_bytes": cfg.cpu_flush_bytes}
+               "cpu_threads": cfg.cpu_threads, "cpu_flush_bytes": cfg.cpu_flush_bytes,
+               # no new processes once the candidate is imported (syscall_filter.install_no_processes): a cpu
+               # child needs none, unless it compiles the reference (inductor runs the compiler and its workers)
+               "no_processes": cfg.backend == "cpu" and cfg.syscall_filter and not cfg.compare_torch_compile}
         child = SandboxedChild("run", job, cfg, self.backend, workdir, [], device_index=self.index)
         try:
             child.start()
@@ -768,6 +803,7 @@ class _DeviceStage:
             raise _Verdict(Category.INFRA, feedback.infra(f"the device child could not load task "
                                                           f"{self.task.task_id}: {err.get('type')}: "
                                                           f"{str(err.get('message', ''))[:300]}"))
+        self.details["process_filter"] = loaded.get("process_filter")
         if self.spares:   # start the next candidate's child now; it must be up before this one is timed
             self.spares.replenish(self._spare_key, self._start_child, cfg.startup_timeout_s, self._spare_lease)
         self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
@@ -1227,7 +1263,7 @@ class _DeviceStage:
             if finding:
                 problems.append(finding)
         del leaves
-        return report, {"row": row, "flags": flags, "problems": problems}
+        return report, {"row": row, "flags": flags, "problems": problems, "ref_probe": _probe(ref_leaves)}
 
     def _correctness(self, ref_model) -> float:
         cfg = self.cfg
@@ -1237,6 +1273,7 @@ class _DeviceStage:
         kernels: dict[str, int] = {}
         flags = {"inputs_modified": False, "aliases_input": False}
         problems: list[tuple[str, str]] = []
+        probes: list[list] = []
         first_mismatch = failed_seed = None
         max_abs = max_rel = 0.0
         for i in range(n):   # outputs too large to hand over in full every time are, in the first trial
@@ -1249,6 +1286,7 @@ class _DeviceStage:
             for k in flags:
                 flags[k] |= judged["flags"][k]
             problems += judged["problems"]
+            probes.append(judged["ref_probe"])
             row = judged["row"]
             results.append(row)
             max_abs, max_rel = max(max_abs, row.get("max_abs_diff", 0.0)), max(max_rel, row.get("max_rel_diff", 0.0))
@@ -1282,8 +1320,24 @@ class _DeviceStage:
             self._check_reference_repeats(ref_model, failed_seed)
             raise _Verdict(Category.CORRECTNESS_ERROR, feedback.correctness(q, passed, n, first_mismatch, max_abs,
                                                                             max_rel), q=q)
+        self._check_reference_depends_on_inputs(probes)
         self._decoy_check(ref_model, q)
         return q
+
+    def _check_reference_depends_on_inputs(self, probes: list[list]) -> None:
+        """Before a pass is the candidate's: the reference's outputs on the trials' different inputs are not all
+        the same within the tolerance. Where they are (KernelBench's level2/83 clamps min(x, 0) to [0, 1]: zeros
+        for every input; level2/23 averages a GroupNorm's output: 0 up to rounding), a kernel that ignores its
+        inputs and writes that constant passes every trial, so no check of values can score a kernel: the task
+        is broken, an infra verdict. Compared on ``_probe``'s strided samples of the outputs, far more tightly than
+        a candidate is (``reference_ignores_inputs``): a reference whose output varies by less than the tolerance
+        is still scored (a constant then passes too: that task's weakness, as KernelBench's own later versions fix
+        by scaling such inputs at random)."""
+        if reference_ignores_inputs(probes, self.cfg.tolerance, self.cfg.scale_floor):
+            raise _Verdict(Category.INFRA, feedback.infra(
+                f"the task's reference gives the same output for the inputs of all {len(probes)} correctness trials: "
+                "a kernel that ignores its inputs would pass, so the task cannot score a kernel"),
+                rule="reference_insensitive")
 
     def _check_reference_repeats(self, ref_model, seed: int | None) -> None:
         """Before a mismatch is the candidate's: the reference gives the same outputs twice for the inputs of the

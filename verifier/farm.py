@@ -43,7 +43,7 @@ PrecheckFn = Callable[[Any, str, Any], "str | VerifyResult"]  # (task, response,
 
 
 #: infra verdicts that are the task's own fault: a retry would give the same verdict, so none is made
-TASK_FAULT_RULES = frozenset({"reference_not_repeatable"})
+TASK_FAULT_RULES = frozenset({"reference_not_repeatable", "reference_insensitive"})
 
 
 class FarmFull(queue.Full):

@@ -31,7 +31,8 @@ _NATIVE_FUNCS: dict[str, str] = {
     "network_access": "socket socketpair connect bind listen accept accept4 gethostbyname getaddrinfo sendto "
                       "recvfrom sendmsg recvmsg",
     "process_or_thread": "system popen fork vfork execl execlp execle execv execvp execvpe execve execveat fexecve "
-                         "posix_spawn posix_spawnp clone clone3 kill tkill tgkill raise ptrace prctl signal sigaction "
+                         "posix_spawn posix_spawnp clone clone3 _Fork forkpty wordexp kill tkill tgkill raise ptrace "
+                         "prctl signal sigaction "
                          "setrlimit prlimit unshare setns setsid setpgid daemon alarm setitimer timer_create syscall "
                          "exit _exit _Exit quick_exit",
     # CPU-time usage (clocks are patterns below): only the harness times
@@ -40,8 +41,9 @@ _NATIVE_FUNCS: dict[str, str] = {
     "runtime_policy": "mallopt malloc_trim mallinfo mallinfo2 malloc_stats malloc_info sbrk brk setenv putenv "
                       "unsetenv clearenv mlock mlockall sched_setaffinity sched_setscheduler sched_setparam "
                       "setpriority nice",
+    # (shared memory too: a forked helper's results reach the candidate through it)
     "dynamic_code": "dlopen dlsym dlmopen dlvsym dladdr dlinfo mmap mmap64 mprotect pkey_mprotect munmap mremap "
-                    "madvise process_vm_readv process_vm_writev GetProcAddress",
+                    "madvise process_vm_readv process_vm_writev GetProcAddress shmget shmat shm_open memfd_create",
 }
 _NATIVE_FUNC_RULE = {name: rule for rule, names in _NATIVE_FUNCS.items() for name in names.split()}
 # glibc exports the same functions as __name / __libc_name (__write, __libc_system) and 64-bit variants

@@ -61,7 +61,7 @@ _NUMBERS = {
                "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "userfaultfd": 323,
                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 250,
                "add_key": 248, "request_key": 249, "open_by_handle_at": 304, "name_to_handle_at": 303,
-               "unshare": 272, "clone": 56, "clone3": 435, "flock": 73},
+               "unshare": 272, "clone": 56, "clone3": 435, "flock": 73, "fork": 57, "vfork": 58, "seccomp": 317},
     "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "perf_event_open": 241, "bpf": 280,
                 "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
                 "kexec_file_load": 294, "syslog": 116, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
@@ -70,7 +70,7 @@ _NUMBERS = {
                 "open_tree": 428, "mount_setattr": 442, "userfaultfd": 282, "io_uring_setup": 425,
                 "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 219, "add_key": 217, "request_key": 218,
                 "open_by_handle_at": 265, "name_to_handle_at": 264, "unshare": 97, "clone": 220, "clone3": 435,
-                "flock": 32},
+                "flock": 32, "seccomp": 277},
 }
 
 
@@ -108,6 +108,48 @@ def build_program(machine: str) -> bytes:
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+CLONE_THREAD = 0x00010000
+
+
+def no_processes_program(machine: str) -> bytes:
+    """A second filter for a run child that needs no process of its own (``install_no_processes``): ``fork``,
+    ``vfork``, ``clone3`` and a ``clone`` without ``CLONE_THREAD`` answer ENOSYS; threads are still created."""
+    nums = _NUMBERS[machine]
+    enosys = _SECCOMP_RET_ERRNO | errno.ENOSYS
+    prog = [_insn(_LD_W_ABS, 0, 0, _ARCH), _insn(_JEQ_K, 1, 0, _AUDIT_ARCH[machine]),
+            _insn(_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS), _insn(_LD_W_ABS, 0, 0, _NR)]
+    if machine == "x86_64":
+        prog += [_insn(_JGE_K, 0, 1, _X32_BIT), _insn(_RET_K, 0, 0, enosys)]
+    for name in ("fork", "vfork", "clone3"):
+        if name in nums:
+            prog += [_insn(_JEQ_K, 0, 1, nums[name]), _insn(_RET_K, 0, 0, enosys)]
+    # clone: allowed only with CLONE_THREAD in the low word of arg0 (its flags on both architectures)
+    prog += [_insn(_JEQ_K, 0, 3, nums["clone"]), _insn(_LD_W_ABS, 0, 0, _ARG0_LO),
+             _insn(_JSET_K, 1, 0, CLONE_THREAD), _insn(_RET_K, 0, 0, enosys),
+             _insn(_RET_K, 0, 0, _SECCOMP_RET_ALLOW)]
+    return b"".join(prog)
+
+
+def install_no_processes(libc=None) -> dict[str, Any]:
+    """Refuse new processes to every thread of the calling process from now on (``no_processes_program``; a
+    filter cannot be lifted). For a cpu run child, right before its candidate is imported: work done in a
+    process of its own (forked, sharing memory through ``shmat``) is neither this process's CPU time nor inside
+    any timed span, so the background-work check could not see it. Never raises."""
+    machine = platform.machine()
+    if machine not in _NUMBERS:
+        return {"applied": False, "reason": f"no filter for architecture {machine!r}"}
+    code = no_processes_program(machine)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = _SockFprog(len(code) // 8, ctypes.addressof(buf))
+    libc = libc or ctypes.CDLL(None, use_errno=True)
+    # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: threads already running (pools) get it too
+    rc = libc.syscall(ctypes.c_long(_NUMBERS[machine]["seccomp"]), ctypes.c_long(1), ctypes.c_long(1),
+                      ctypes.byref(prog))
+    if rc != 0:
+        return {"applied": False, "reason": f"seccomp: {errno.errorcode.get(ctypes.get_errno(), rc)}"}
+    return {"applied": True, "arch": machine, "instructions": len(code) // 8}
 
 
 def install(libc=None) -> dict[str, Any]:
