@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from typing import Any, Iterator
 
-from megatron_rl.fsutil import current_umask
+from megatron_rl.fsutil import current_umask, write_text_atomic
 
 
 class DataSynthError(ValueError):
@@ -33,22 +33,9 @@ def stable_hash(text: str, n: int = 16) -> str:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to a temporary sibling and rename it over ``path`` (with the umask's mode, as a plain open
-    gives, not mkstemp's 0600: the rows and manifests are read by the next stage's job, perhaps another user's)."""
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write ``text`` beside ``path`` and rename it into place (`megatron_rl.fsutil.write_text_atomic`: a unique
+    temp, the umask's mode, nothing left by a failed write)."""
+    write_text_atomic(path, text)
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
