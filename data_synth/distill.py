@@ -193,10 +193,13 @@ class OfflineTeacher(_Teacher):
 class SGLangTeacher(_Teacher):
     """SGLang native API: chat template rendered here, ``/generate`` on token ids."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, cfg: DistillConfig):
+    def __init__(self, client: EngineClient, tokenizer: Any, cfg: DistillConfig, model_path: str | None = None):
         self.client, self.cfg = client, cfg
         self.codec = ConversationCodec(tokenizer)
-        self.name = f"sglang:{client.url}"
+        # the served model names the teacher where the server says it (/get_model_info): the URL of an engine
+        # started for this run (rft --model) has a new port every time, and a stopped run's samples are reused only
+        # under the same teacher name
+        self.name = f"sglang:{model_path or client.url}"
 
     async def respond(self, task, messages, seed):
         ids = self.codec.prompt_ids(messages)
@@ -276,7 +279,12 @@ async def connect(cfg: DistillConfig) -> _Teacher:
     except (OSError, ValueError) as e:
         await client.close()
         raise DataSynthError(f"--tokenizer {cfg.tokenizer!r}: {e}") from None
-    return SGLangTeacher(client, tokenizer, cfg)
+    try:
+        info = await _probe(client, "/get_model_info")
+        model_path = info.get("model_path") if isinstance(info, dict) else None
+    except EngineError:   # optional: the URL names the teacher then
+        model_path = None
+    return SGLangTeacher(client, tokenizer, cfg, str(model_path) if model_path else None)
 
 
 # ------------------------------------------------------------------------------------------ the loop
@@ -331,8 +339,10 @@ async def _sample(task: GeneratedTask, k: int, teacher: _Teacher, verify, cfg: D
             "_verify_results": verdicts}
 
 
+# how the work is run, not what a sample is (the teacher's name stands for the endpoint: the served model where the
+# server says it, `SGLangTeacher`)
 _NOT_IN_RESUME_KEY = ("offline", "samples", "concurrency", "keep", "cache_dir", "compile_workers",
-                      "request_timeout_s", "farm")   # how the work is run, not what a sample is
+                      "request_timeout_s", "farm", "endpoint")
 
 
 def _resume_key(cfg: DistillConfig, teacher: str, prompt: str, k: int) -> str:

@@ -108,3 +108,50 @@ def test_embedded_engine_sglang_api_every_response_gets_a_verdict(tmp_path, teac
                      embedded_engine, "--api", "sglang", "--max-new-tokens", "4", "--trials", "1"]) == 0
     assert cli_out.exists() and cli_out.read_text() == ""
     assert not os.path.exists(str(cli_out) + ".partial")
+
+
+def test_a_stopped_run_against_a_restarted_engine_reuses_its_samples(tmp_path, teacher_set, monkeypatch):
+    """`rft --model` starts an embedded engine on a new port each run; the teacher was named by the URL, so a
+    stopped RFT run never reused a sample. The served model (/get_model_info) names the teacher now."""
+    import data_synth.distill as distill_mod
+    from verifier.types import Category, VerifyResult
+
+    folder, tasks = teacher_set
+    cfg = dict(model_type="qwen3", vocab_size=151669, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=8192,
+               eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=True)
+    model, _ = load_model(None, hf_config=cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
+    calls = {"verified": 0, "stop_at": 2}
+
+    class Stopped(Exception):
+        pass
+
+    def verify_fn(farm):
+        async def verify(vt, answer):
+            if calls["stop_at"] is not None and calls["verified"] >= calls["stop_at"]:
+                raise Stopped
+            calls["verified"] += 1
+            return VerifyResult(task_id=vt.task_id, category=Category.FORMAT_ERROR, q=0.0, reward=-1.0)
+        return verify
+
+    monkeypatch.setattr(distill_mod, "farm_verify_fn", verify_fn)
+    out = tmp_path / "rows.jsonl"
+    names = []
+    for stop_at in (2, None):
+        calls["stop_at"] = stop_at
+        server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(max_batch_size=4),
+                                               model_path="/ckpt/sft/hf"))
+        server.start_in_thread()
+        try:
+            dcfg = DistillConfig(endpoint=server.url, samples=4, max_new_tokens=4, keep="all", concurrency=1,
+                                 verifier=FAST_VERIFIER)
+            if stop_at is not None:
+                with pytest.raises(Stopped):
+                    distill(read_task_set(folder), str(out), dcfg, progress=False)
+            else:
+                names.append(distill(read_task_set(folder), str(out), dcfg, progress=False).teacher)
+        finally:
+            server.stop()
+    assert names == ["sglang:/ckpt/sft/hf"]
+    assert calls["verified"] == 4 * len(tasks)          # the first run's 2 samples were not verified again
+    assert len(out.read_text().splitlines()) == 4 * len(tasks)
