@@ -249,7 +249,7 @@ def test_auto_resume_continues_a_run_with_a_checkpoint_and_starts_one_without(tm
 
 
 def test_a_requeued_slurm_job_passes_auto_resume(tmp_path):
-    """launch/slurm_train.sbatch on a restart (SLURM_RESTART_COUNT > 0) adds --auto-resume unless --resume is
+    """launch/slurm_train.sbatch (RL, or SFT with --sft) on a restart (SLURM_RESTART_COUNT > 0) adds --auto-resume unless --resume is
     given; the first run passes the arguments as they are. The Ray cluster functions are stubbed."""
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "slurm_train.sbatch").write_text((ROOT / "launch" / "slurm_train.sbatch").read_text())
@@ -266,3 +266,8 @@ def test_a_requeued_slurm_job_passes_auto_resume(tmp_path):
     assert submitted("0", "--config", "c.yaml") == "ARGS: python -m megatron_rl.train --config c.yaml"
     assert submitted("1", "--config", "c.yaml") == "ARGS: python -m megatron_rl.train --auto-resume --config c.yaml"
     assert submitted("2", "--resume", "x=1") == "ARGS: python -m megatron_rl.train --resume x=1"
+    # `--sft` submits `python -m megatron_rl.sft` instead, and the same for a requeue
+    assert submitted("0", "--sft", "--config", "c.yaml") == "ARGS: python -m megatron_rl.sft --config c.yaml"
+    assert submitted("1", "--sft", "--config", "c.yaml") == \
+        "ARGS: python -m megatron_rl.sft --auto-resume --config c.yaml"
+    assert submitted("1", "--sft", "--resume") == "ARGS: python -m megatron_rl.sft --resume"

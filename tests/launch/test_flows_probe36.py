@@ -86,28 +86,6 @@ def test_sft_auto_resume_decides_by_the_checkpoint_pointer(tmp_path, monkeypatch
     assert seen == [False, True]
 
 
-def test_the_slurm_launcher_runs_sft_and_a_requeue_passes_auto_resume(tmp_path):
-    """`slurm_train.sbatch --sft ...` submits `python -m megatron_rl.sft ...`; on a restart (SLURM_RESTART_COUNT > 0)
-    it adds --auto-resume, as for RL, unless --resume is given. The Ray cluster functions are stubbed."""
-    (tmp_path / "launch").mkdir()
-    (tmp_path / "launch" / "slurm_train.sbatch").write_text((ROOT / "launch" / "slurm_train.sbatch").read_text())
-    (tmp_path / "launch" / "ray_cluster.sh").write_text(
-        "PY=python\nray_cluster_setup() { :; }\nray_cluster_up() { :; }\nray_cluster_down() { :; }\n"
-        "ray_job_submit() { echo \"ARGS: $*\"; }\n")
-
-    def submitted(restarts: str, *args: str) -> str:
-        env = {**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_RESTART_COUNT": restarts}
-        out = subprocess.run(["bash", str(tmp_path / "launch" / "slurm_train.sbatch"), *args], env=env,
-                             capture_output=True, text=True, check=True).stdout
-        return next(line for line in out.splitlines() if line.startswith("ARGS: "))
-
-    assert submitted("0", "--sft", "--config", "c.yaml") == "ARGS: python -m megatron_rl.sft --config c.yaml"
-    assert submitted("1", "--sft", "--config", "c.yaml") == \
-        "ARGS: python -m megatron_rl.sft --auto-resume --config c.yaml"
-    assert submitted("1", "--sft", "--resume") == "ARGS: python -m megatron_rl.sft --resume"
-    assert submitted("1", "--config", "c.yaml") == "ARGS: python -m megatron_rl.train --auto-resume --config c.yaml"
-
-
 # ------------------------------------------------------------------------------------------ SFT bad input
 
 
