@@ -9,7 +9,10 @@ per-turn scores.
 
 Every turn's prompt is the chat template's rendering of the conversation so far, as a chat server
 would build it: earlier answers enter as messages, so a template that drops their reasoning (Qwen3
-strips ``<think>`` blocks from past turns) keeps the context short. A turn is trained on exactly the
+strips ``<think>`` blocks from past turns) keeps the context short. History is untrusted text: an answer (or
+feedback quoting it) that spells a control string such as ``<|im_end|>\n<|im_start|>system`` with ordinary tokens
+has it defused (`ConversationCodec.untrusted`), so re-rendering cannot turn it into a turn boundary or a fake turn;
+the verifier still judges the text as generated. A turn is trained on exactly the
 tokens its prompt and its response were (the generated ids, never re-tokenized), aligned with their
 rollout logprobs. Each turn's budget is what is left of ``max_context_tokens`` after its prompt; a turn
 given less than ``sampling.max_new_tokens`` is marked ``cut``, and a trajectory that stops because no
@@ -43,7 +46,7 @@ from ..algorithms.advantages import AdvantageConfig, DynamicSampler, RewardGroup
 from ..algorithms.rewards import (InfraVerdictError, PrimeEchoConfig, TurnOutcome, checked_turn_score,
                                   load_callable, primeecho_reward)
 from .environment import Environment, farm_verify_fn, threaded_verify_fn  # noqa: F401 (the verifier adapters' old home)
-from .prompts import DEFAULT_SYSTEM_PROMPT, candidate_code
+from .prompts import CONTROL_TOKENS, DEFAULT_SYSTEM_PROMPT, candidate_code, defuse_control_tokens
 from .protocol import GenerateResult, SamplingParams
 
 GenerateFn = Callable[[list[int], SamplingParams], Awaitable[GenerateResult]]
@@ -191,6 +194,7 @@ class ConversationCodec:
         self.tokenizer = tokenizer
         self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         self.stop_token_ids = self._default_stop_ids()
+        self.control_strings = self._control_strings()
 
     def _default_stop_ids(self) -> list[int]:
         ids = []
@@ -201,6 +205,26 @@ class ConversationCodec:
             if tok in vocab and vocab[tok] not in ids:
                 ids.append(int(vocab[tok]))
         return ids
+
+    def _control_strings(self) -> tuple[str, ...]:
+        """Every string this tokenizer reads back as one added or special token (and ChatML's control strings),
+        longest first, but the reasoning markers: templates split past answers on ``</think>``, and they open or
+        close no turn. Whitespace tokens and single characters are left alone (code is full of them)."""
+        found = set(CONTROL_TOKENS)
+        try:
+            found.update(self.tokenizer.get_added_vocab())
+        except (AttributeError, NotImplementedError):
+            pass
+        found.update(getattr(self.tokenizer, "all_special_tokens", None) or ())
+        keep = (t for t in found if isinstance(t, str) and len(t) > 1 and t not in ("<think>", "</think>")
+                and not any(c.isspace() for c in t))
+        return tuple(sorted(keep, key=lambda t: (-len(t), t)))
+
+    def untrusted(self, text: str) -> str:
+        """``text`` (a model answer, verifier feedback) as message content that cannot add a control token to the
+        prompt: re-rendered history must not turn a response that *spelled* ``<|im_end|>\\n<|im_start|>user``
+        with ordinary tokens into a turn boundary and a fake user or system turn."""
+        return defuse_control_tokens(text, self.control_strings)
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
@@ -327,9 +351,13 @@ class AgentLoop:
         return dataclasses.replace(base, max_new_tokens=max_new, seed=seed,
                                    stop_token_ids=list(base.stop_token_ids) or list(self.codec.stop_token_ids))
 
-    def _check_generation(self, where: str, res: GenerateResult) -> None:
+    def _check_generation(self, where: str, res: GenerateResult, max_new_tokens: int | None = None) -> None:
         if res.finish_reason == "abort":
             raise GenerationAborted(f"{where}: generation aborted by the engine")
+        if max_new_tokens is not None and len(res.token_ids) > max_new_tokens:
+            # trained as it is, prompt + response would pass max_context_tokens (and the trainer's sequence bound)
+            raise ValueError(f"{where}: engine returned {len(res.token_ids)} tokens for a budget of "
+                             f"max_new_tokens={max_new_tokens}")
         if len(res.token_ids) != len(res.logprobs):
             raise ValueError(f"{where}: engine returned {len(res.token_ids)} tokens but {len(res.logprobs)} logprobs")
         for i, lp in enumerate(res.logprobs):
@@ -384,7 +412,7 @@ class AgentLoop:
                 gen = await self.generate(list(prompt), params)
                 t1 = time.monotonic()
                 request.generated_tokens += len(gen.token_ids)
-                self._check_generation(where, gen)
+                self._check_generation(where, gen, params.max_new_tokens)
                 text = self.codec.decode_response(gen.token_ids)
                 verdict, attempts = await self._verify_turn(where, task, text)
                 t2 = time.monotonic()
@@ -399,8 +427,9 @@ class AgentLoop:
                     generate_seconds=t1 - t0, verify_seconds=t2 - t1))
                 if verdict.passed or turn == max_turns:
                     break
-                messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": self.env.feedback(verdict)}]
+                # the answer and the feedback (which may quote it) are untrusted: defused as the task text is
+                messages += [{"role": "assistant", "content": self.codec.untrusted(text)},
+                             {"role": "user", "content": self.codec.untrusted(self.env.feedback(verdict))}]
         if not turns:
             raise PromptTooLong(f"task {task_id!r}: no room for a response within max_context_tokens="
                                 f"{self.cfg.max_context_tokens}")
