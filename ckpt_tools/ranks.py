@@ -55,9 +55,13 @@ def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
         # Renaming onto the link itself fails (an empty directory through a link cannot be removed), and only
         # after the whole conversion ran
         try:
-            out = out.resolve()
+            target = out.resolve()
         except (OSError, RuntimeError) as e:  # a loop of links
             raise ToolError(f"output {out}: cannot follow the symbolic link ({e})") from None
+        if not target.parent.is_dir():   # a link into an unmounted disk: never fill the mount point's root disk
+            raise ToolError(f"output {out} is a symbolic link to {target}, whose folder {target.parent} does not "
+                            f"exist (an unmounted disk?)")
+        out = target
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ToolError(f"output {out} already exists and is not empty; refusing to overwrite it")
     created: list[Path] = []

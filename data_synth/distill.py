@@ -403,6 +403,8 @@ async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: Verifier
     async def one(idx: int, t: GeneratedTask, k: int) -> None:
         key = _resume_key(cfg, teacher.name, prompts[t.task_id], k)
         row = previous.pop(f"{t.task_id}#{k}", {}).get(key)
+        if row is not None and any(v.category == Category.INFRA for v in row["_verify_results"]):
+            row = None   # verified while the farm failed (the stop may have been a lost node): sampled again
         if row is None:
             async with sem:
                 row = await _sample(t, k, teacher, verify, cfg, vtasks[t.task_id])

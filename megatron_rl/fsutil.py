@@ -44,9 +44,17 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def current_umask() -> int:
-    """The process's umask (reading it means setting it: set back at once). Files and dirs that tempfile creates
-    0600/0700 and that are renamed into place get ``0o666 & ~umask`` / ``0o777 & ~umask``, as a plain open or mkdir
-    would: the next stage's job, perhaps another user's, reads them."""
+    """The process's umask. Files and dirs that tempfile creates 0600/0700 and that are renamed into place get
+    ``0o666 & ~umask`` / ``0o777 & ~umask``, as a plain open or mkdir would: the next stage's job, perhaps another
+    user's, reads them. Read from /proc/self/status where Linux shows it: the portable way (set it, set it back) changes
+    the umask of the whole process for a moment, and a file another thread creates then gets the wrong mode."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -334,14 +334,12 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     problem = resume_problem(cfg.ckpt_root) if resume else None
     if problem:   # before the run dir is made
         raise SystemExit(problem)
-    # the rows are read and checked first: bad data stops the run before it changes anything (an earlier run's
-    # --resume pointer and metrics in the same dir stay as they are)
+    # the rows are read, checked and encoded first: bad data stops the run before it changes anything (an earlier
+    # run's --resume pointer and metrics in the same dir stay as they are)
     files = [abs_path(f) for f in cfg.data.files]
     parsed, report = read_samples(files, on_error=cfg.data.on_error, require_passed=cfg.data.require_passed)
     if not parsed:
         raise SFTDataError(f"no trainable rows in {', '.join(map(str, files))} ({report.to_dict()})")
-    if not resume:
-        begin_fresh_run(run_dir, cfg.ckpt_root)
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir, tok_path = prepare_model(cfg, environment_tokenizer=False)
     tokenizer = load_tokenizer(tok_path)
@@ -352,8 +350,11 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     kw = {} if cfg.data.enable_thinking is None else {"enable_thinking": cfg.data.enable_thinking}
     rows = encode_samples(parsed, report, tokenizer, on_error=cfg.data.on_error, max_seq_len=cfg.data.max_seq_len,
                           template_kwargs=kw, vocab_size=vocab)
+    del parsed
     if not rows:
         raise SFTDataError(f"no trainable rows in {', '.join(map(str, files))} ({report.to_dict()})")
+    if not resume:
+        begin_fresh_run(run_dir, cfg.ckpt_root)
     sched = Schedule(len(rows), cfg.train.global_batch_size, cfg.data.shuffle_seed)
     total = cfg.train.steps or cfg.train.epochs * sched.steps_per_epoch
     a = cfg.actor

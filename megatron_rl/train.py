@@ -76,6 +76,7 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
     `model.path` means a tiny random model of `model.tiny.arch` (the Qwen3.5 hybrid by default), built once per
     run dir (deterministic from `model.tiny.init_seed`), with the tokenizer's files beside its weights so its
     checkpoints and exports carry them."""
+    from megatron_rl.config import abs_path   # (megatron-core: imported once a run is starting)
     from megatron_rl.fsutil import publish_dir, rebuild_dir
     from megatron_rl.rollout.environment import environment_class
 
@@ -88,13 +89,13 @@ def prepare_model(cfg, environment_tokenizer: bool = True) -> tuple[str, str]:
 
         tok = load_tokenizer("qwen3-offline")
     if tok is None:
-        tokenizer_path = str(Path(cfg.model.tokenizer).resolve())
+        tokenizer_path = str(abs_path(cfg.model.tokenizer).resolve())   # where validation looked for it
     else:
         if not (tok_dir / "tokenizer.json").is_file():
             publish_dir(tok.save_pretrained, tok_dir)
         tokenizer_path = str(tok_dir)
     if cfg.model.path:
-        return str(Path(cfg.model.path).resolve()), tokenizer_path
+        return str(abs_path(cfg.model.path).resolve()), tokenizer_path
     model_dir = run_dir / "model"
     t = cfg.model.tiny
     # the tiny model is rebuilt when what it is built from changes (another tokenizer or shape in a reused run dir);

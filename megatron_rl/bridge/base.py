@@ -445,6 +445,9 @@ def _tensor_problem(src: HFSource, name: str, shape: tuple[int, ...] | None) -> 
     dtype = src_dtype(src, name)
     if not dtype.is_floating_point:
         return f"HF tensor {name!r} has dtype {str(dtype).removeprefix('torch.')}, expected a floating-point weight"
+    if dtype.itemsize == 1:   # float8: quantized codes, meaningless without their scales (train/sft --model load here)
+        return (f"HF tensor {name!r} is {str(dtype).removeprefix('torch.')}: quantized weights are not supported; "
+                f"use the unquantized (bf16/fp16/fp32) release")
     return None
 
 

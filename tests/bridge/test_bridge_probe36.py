@@ -109,11 +109,18 @@ def test_an_output_given_as_a_link_to_an_empty_directory_fills_the_target(tmp_pa
     with pytest.raises(ToolError, match=f"{target}.*not empty"):
         with staged_output(link):
             raise AssertionError("must not run")
-    # a link to where nothing is yet: the output is created there
+    # a link to where nothing is yet, in a folder that exists: the output is created there
+    (tmp_path / "disk3").mkdir()
     os.symlink(tmp_path / "disk3" / "run2", tmp_path / "run2")
     with staged_output(tmp_path / "run2") as tmp:
         (tmp / "meta.json").write_text("{}")
     assert os.listdir(tmp_path / "disk3" / "run2") == ["meta.json"]
+    # a link into a folder that is not there (an unmounted disk): refused, nothing made on the disk beneath
+    os.symlink(tmp_path / "disk4" / "run", tmp_path / "run4")
+    with pytest.raises(ToolError, match="unmounted"):
+        with staged_output(tmp_path / "run4"):
+            raise AssertionError("must not run")
+    assert not (tmp_path / "disk4").exists()
     # a loop of links: a ToolError naming the output, not a RuntimeError
     os.symlink(tmp_path / "loop", tmp_path / "loop")
     with pytest.raises(ToolError, match="loop"):
@@ -160,6 +167,17 @@ def test_fp8_weights_without_their_scales_are_not_offered_a_dtype_conversion(tmp
     hf_dir = _fp8(_hf_dir(tmp_path / "hf"), scales=False)
     _refused(tmp_path, hf_dir, capsys, ["float8_e4m3fn", "proj.weight'", "quantized weights are not supported"],
              absent=["--dtype"])
+
+
+def test_the_training_load_path_refuses_fp8_weights_too(tmp_path):
+    """`train/sft --model` load through `Bridge.load_hf_into`, which checks each tensor with `_tensor_problem`: fp8
+    counted as floating point there, and its codes were cast into the parameters without their scales."""
+    from megatron_rl.bridge import get_bridge
+    from megatron_rl.bridge.hf_dir import load_hf_config
+
+    hf_dir = _fp8(_hf_dir(tmp_path / "hf"), scales=False)
+    problems = get_bridge(load_hf_config(hf_dir)).check_hf_tensors(LazyHFState(hf_dir))
+    assert problems and all("float8_e4m3fn" in p and "quantized weights are not supported" in p for p in problems)
 
 
 # ----- released hybrid shapes the other parity tests do not run at TP=2 -----------------------------------------------

@@ -143,7 +143,7 @@ def test_fresh_rl_run_in_a_used_run_dir_is_not_resumed_from_the_earlier_run(tmp_
 def test_an_sft_run_in_a_used_run_dir_resumes_only_when_asked(tmp_path, monkeypatch, resume):
     """Fresh: the earlier run's pointer and metrics are set aside. --resume touches neither (it continues iteration
     10 and appends to its metrics)."""
-    import megatron_rl.train as train
+    import megatron_rl.sft as sft
     from megatron_rl.checkpoint import resume_problem
     from megatron_rl.sft import load_sft_config, run
 
@@ -151,12 +151,14 @@ def test_an_sft_run_in_a_used_run_dir_resumes_only_when_asked(tmp_path, monkeypa
     data.write_text(json.dumps(ROW) + "\n")
     run_dir = tmp_path / "sft"
     ckpt = _earlier_run(run_dir)
-    cfg = load_sft_config(str(ROOT / "configs/sft_tiny.yaml"), [f"train.log_dir={run_dir}", f"data.files=['{data}']"])
+    cfg = load_sft_config(str(ROOT / "configs/sft_tiny.yaml"), [f"train.log_dir={run_dir}", f"data.files=['{data}']",
+                                                                "model.tiny.hidden_size=32",
+                                                                "model.tiny.intermediate_size=64"])
 
     def stop(*_a, **_k):
         raise _Stop("killed before the first checkpoint")
 
-    monkeypatch.setattr(train, "prepare_model", stop)
+    monkeypatch.setattr(sft, "_start_ranks", stop)   # the data is read and the run set up by then
     with pytest.raises(_Stop):
         run(cfg, resume=resume)
     if not resume:

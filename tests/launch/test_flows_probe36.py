@@ -89,10 +89,12 @@ def test_sft_auto_resume_decides_by_the_checkpoint_pointer(tmp_path, monkeypatch
 # ------------------------------------------------------------------------------------------ SFT bad input
 
 
-@pytest.mark.parametrize("content", ["", "{not json\n"])
-def test_bad_sft_data_leaves_an_earlier_runs_checkpoint_pointer_and_metrics(tmp_path, capsys, content):
+@pytest.mark.parametrize("content,extra", [("", []), ("{not json\n", []),
+                                           (json.dumps(ROW) + "\n", ["data.max_seq_len=3"])])
+def test_bad_sft_data_leaves_an_earlier_runs_checkpoint_pointer_and_metrics(tmp_path, capsys, content, extra):
     """A fresh SFT run in a used run dir set the earlier run's --resume pointer and metrics aside before it read its
-    data: an empty or malformed data file then cost that run its resume point, for a run that never started."""
+    data: an empty or malformed data file, or a row that fails only once encoded (too long for data.max_seq_len),
+    then cost that run its resume point, for a run that never started."""
     from megatron_rl.checkpoint import resume_problem
     from megatron_rl.sft import main
 
@@ -101,15 +103,16 @@ def test_bad_sft_data_leaves_an_earlier_runs_checkpoint_pointer_and_metrics(tmp_
     run_dir = tmp_path / "run"
     ckpt = _earlier_run(run_dir)
     rc = main(["--config", str(ROOT / "configs/sft_tiny.yaml"), "--data", str(data), f"train.log_dir={run_dir}",
-               *TINY])
+               *TINY, *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("error: ") and str(data) in err[-1]
     assert resume_problem(ckpt) is None                                   # --resume still continues iteration 10
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 10
     assert not (run_dir / "metrics.prev.jsonl").exists()
-    rc = main(["--config", str(ROOT / "configs/sft_tiny.yaml"), "--data", str(data),
-               f"train.log_dir={tmp_path / 'fresh'}", *TINY])
-    assert rc == 2 and not (tmp_path / "fresh").exists()                  # nothing made for a run that cannot start
+    if not extra:   # a row read as bad needs no tokenizer: nothing is made for a run that cannot start
+        rc = main(["--config", str(ROOT / "configs/sft_tiny.yaml"), "--data", str(data),
+                   f"train.log_dir={tmp_path / 'fresh'}", *TINY])
+        assert rc == 2 and not (tmp_path / "fresh").exists()
 
 
 def test_sft_tokenizer_dir_without_tokenizer_files_is_a_config_error(tmp_path, capsys):
@@ -287,3 +290,49 @@ def test_ctrl_c_in_evaluate_and_distill_is_one_line_that_says_what_was_kept(tmp_
     assert ds_cli.main(["distill", "--tasks", str(tmp_path), "--offline", "--out", str(tmp_path / "r.jsonl")]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "OUT.partial" in err[0] and "same command again" in err[0]
+
+
+def test_a_stopped_distill_verifies_its_infra_samples_again(tmp_path, monkeypatch):
+    """A stop is often a lost node, and the samples verified meanwhile come back infra: reused as they were, they
+    stayed infra for good. They are sampled and verified again; the others are reused."""
+    import data_synth.distill as distill_mod
+    from data_synth.distill import DistillConfig, distill
+    from data_synth.generate import GenConfig
+    from data_synth.pipeline import generate_task_set
+    from data_synth.taskset import read_task_set, write_task_set
+    from verifier.types import Category, VerifyResult
+
+    tasks, _ = generate_task_set(GenConfig(stage=1, n=3, seed=5, teacher_only=True, dtypes={"float32": 1.0}),
+                                 progress=False)
+    tasks = read_task_set(write_task_set(tasks, str(tmp_path / "tasks")))
+    state = {"broken": {tasks[1].task_id}, "calls": [], "stop_at": 2}
+
+    class Farm:
+        def __init__(self, *a, **k):
+            pass
+
+        def close(self, drain=True):
+            pass
+
+    def verify_fn(farm):
+        async def verify(vt, answer):
+            if state["stop_at"] is not None and vt.task_id not in state["calls"] \
+                    and len(set(state["calls"])) >= state["stop_at"]:   # stopped once two samples finished
+                raise _Stopped("node lost")
+            state["calls"].append(vt.task_id)
+            if vt.task_id in state["broken"]:   # the device is failing: every attempt is infra
+                return VerifyResult(task_id=vt.task_id, category=Category.INFRA, feedback="device lost")
+            return VerifyResult(task_id=vt.task_id, category=Category.PASS, q=1.0, speedup=1.5, reward=1.0)
+        return verify
+
+    monkeypatch.setattr(distill_mod, "VerifierFarm", Farm)
+    monkeypatch.setattr(distill_mod, "farm_verify_fn", verify_fn)
+    out = tmp_path / "rows.jsonl"
+    cfg = DistillConfig(offline=True, concurrency=1)
+    with pytest.raises(_Stopped):
+        distill(tasks, str(out), cfg, progress=False)
+    assert set(state["calls"]) == {tasks[0].task_id, tasks[1].task_id}, state
+    state.update(broken=set(), stop_at=None, calls=[])   # the device is back; the same command again
+    summary = distill(tasks, str(out), cfg, progress=False)
+    assert state["calls"] == [tasks[1].task_id, tasks[2].task_id]    # the passed sample reused, the infra one not
+    assert summary.infra_samples == 0 and summary.passed_samples == 3

@@ -50,3 +50,19 @@ def test_the_file_gets_the_umask_mode_and_its_folder_is_created(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "new" / "report.md").stat().st_mode) == 0o640
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux shows the umask in /proc/self/status")
+def test_reading_the_umask_never_sets_it(tmp_path, monkeypatch):
+    """Reading the umask by setting it and back left a moment in which every file another thread created (the
+    TensorBoard writer, an async checkpoint) got umask 022's mode (0644 for a group-shared 002 setup)."""
+    old = os.umask(0o002)
+    try:
+        def no_umask(_mask):
+            raise AssertionError("os.umask called")
+        monkeypatch.setattr(os, "umask", no_umask)
+        write_text_atomic(tmp_path / "shared.txt", "x")
+        monkeypatch.undo()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shared.txt").stat().st_mode) == 0o664
