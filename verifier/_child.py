@@ -4,7 +4,8 @@ Nothing this process reports is trusted for the verdict. The child confines itse
 then, depending on ``job["mode"]``:
 
 - ``compile``: build one extension from ``load_inline`` arguments (no candidate Python runs here);
-- ``build``:   import the candidate module so every ``load_inline`` it makes is built (through the parent);
+- ``build``:   import the candidate module so every ``load_inline`` it makes is built (through the parent; a cpu
+               build child refuses new processes before the import, as the run child does);
 - ``run``:     the device stage. Load the task, capture the timer, import the candidate, then answer the
                parent's requests: construct both models under the parent's seed, run correctness trials
                (inputs from secret seeds the parent sends only now; outputs written as safetensors, never
@@ -307,6 +308,14 @@ def run_build(job: dict, chan: Channel) -> None:
     client = ExtensionClient(chan, get_backend(job["backend"]))
     client.install()
     chan.send({"op": "ready"})
+    # No new processes from here on, as in a cpu run child (``run_device``): the candidate's module code and its
+    # extensions' load (a C++ global constructor runs at dlopen) run next, and a helper forked here would outlive
+    # this child into the run. Nothing honest here needs one: every load_inline compile runs in the parent's
+    # ``compile`` child (``ext_request``); this child only imports the finished .so. (The run child's exception for
+    # compare_torch_compile is its reference's inductor compile: no reference runs here.)
+    if job["backend"] == "cpu" and (job.get("isolation") or {}).get("syscall_filter"):
+        from verifier import syscall_filter
+        syscall_filter.install_no_processes()
     try:
         module = _load_module(CANDIDATE_MODULE_NAME, job["candidate_path"])
     except ExtensionBuildFailed as e:

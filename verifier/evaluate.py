@@ -189,8 +189,11 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocati
 
 _INTEGRITY_FIELDS = {"violations": list, "background_cpu_ms": (int, float), "threads_started": int}
 # entries of each reference output kept per correctness trial to tell whether the reference depends on its inputs
-# (``reference_ignores_inputs``): every entry up to this many, else an even stride of them
+# (``reference_ignores_inputs``): every entry up to this many, else this many at positions drawn at random (the same
+# positions for every output of one shape: ``_probe_positions``)
 REFERENCE_PROBE_ELEMENTS = 1 << 20
+# the seed of those positions (fixed: the same positions in every trial, the output shapes being the task's)
+REFERENCE_PROBE_SEED = 0x36A5
 # a reference ignores its inputs when its outputs on the trials' inputs agree this much more tightly than the
 # comparison's tolerance: a large reduction to one scalar (an MSE over 2^18 entries at float16's 1e-2, a full-size
 # KernelBench loss at float32's 1e-4) moves by less than the tolerance from trial to trial, yet is no constant, and
@@ -198,16 +201,32 @@ REFERENCE_PROBE_ELEMENTS = 1 << 20
 INSENSITIVE_TOLERANCE_FACTOR = 1e-2
 
 
+@functools.lru_cache(maxsize=32)
+def _probe_positions(shape: tuple[int, ...]):
+    """REFERENCE_PROBE_ELEMENTS flat positions of a tensor of ``shape`` (more entries than that), sorted, drawn at
+    random from a fixed seed, as one index tensor per dimension (CPU). At random, not at an even stride: a stride
+    can alias with the layout (``cat([ones(n, 1), x], 1)`` with x of n x 3 at stride 4 samples only the constant
+    column, and the reference would seem to ignore its inputs)."""
+    import torch
+    numel = math.prod(shape)
+    g = torch.Generator().manual_seed(REFERENCE_PROBE_SEED)
+    idx = torch.randint(numel, (REFERENCE_PROBE_ELEMENTS,), generator=g, dtype=torch.int64).sort().values
+    return torch.unravel_index(idx, shape)
+
+
 def _probe(ref_leaves: list) -> list:
-    """A copy of ``ref_leaves`` with each tensor cut to at most REFERENCE_PROBE_ELEMENTS entries at an even stride
-    (the same positions in every trial: the output shapes are the task's)."""
+    """A copy of ``ref_leaves`` with each tensor cut to at most REFERENCE_PROBE_ELEMENTS entries (flat; all of them
+    up to that many, else ``_probe_positions``: the same positions in every trial). The sample is gathered where the
+    tensor lies, without a copy of the whole (a non-contiguous or expanded output is never materialised)."""
     import torch
     out = []
     for leaf in ref_leaves:
         if isinstance(leaf, torch.Tensor):
-            flat = leaf.detach().reshape(-1)
-            step = -(-flat.numel() // REFERENCE_PROBE_ELEMENTS) if flat.numel() else 1
-            out.append(flat[::step].clone())
+            leaf = leaf.detach()
+            if leaf.numel() <= REFERENCE_PROBE_ELEMENTS:
+                out.append(leaf.reshape(-1).clone())
+            else:
+                out.append(leaf[tuple(i.to(leaf.device) for i in _probe_positions(tuple(leaf.shape)))])
         else:
             out.append(leaf)
     return out
@@ -1329,7 +1348,7 @@ class _DeviceStage:
         the same within the tolerance. Where they are (KernelBench's level2/83 clamps min(x, 0) to [0, 1]: zeros
         for every input; level2/23 averages a GroupNorm's output: 0 up to rounding), a kernel that ignores its
         inputs and writes that constant passes every trial, so no check of values can score a kernel: the task
-        is broken, an infra verdict. Compared on ``_probe``'s strided samples of the outputs, far more tightly than
+        is broken, an infra verdict. Compared on ``_probe``'s samples of the outputs, far more tightly than
         a candidate is (``reference_ignores_inputs``): a reference whose output varies by less than the tolerance
         is still scored (a constant then passes too: that task's weakness, as KernelBench's own later versions fix
         by scaling such inputs at random)."""

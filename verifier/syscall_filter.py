@@ -134,7 +134,7 @@ def no_processes_program(machine: str) -> bytes:
 
 def install_no_processes(libc=None) -> dict[str, Any]:
     """Refuse new processes to every thread of the calling process from now on (``no_processes_program``; a
-    filter cannot be lifted). For a cpu run child, right before its candidate is imported: work done in a
+    filter cannot be lifted). For a cpu run or build child, right before its candidate is imported: work done in a
     process of its own (forked, sharing memory through ``shmat``) is neither this process's CPU time nor inside
     any timed span, so the background-work check could not see it. Never raises."""
     machine = platform.machine()

@@ -24,7 +24,10 @@ Many trajectories run concurrently (bounded by a semaphore), so verifier calls o
 trajectories' generation.
 
 ``infra`` verdicts are retried; if they persist the trajectory is re-run, and a group that still
-cannot be verified is returned with ``status="infra"`` and no rewards: it is never scored.
+cannot be verified is returned with ``status="infra"`` and no rewards: it is never scored. An infra verdict that is
+the task's own fault (its rule in ``verifier.farm.TASK_FAULT_RULES``: a reference that does not repeat or ignores its
+inputs) is retried neither way, as the farm does not retry it: the same task gives it again, and each retry would
+cost a full verification (``TaskFaultVerdict``; the group is returned with ``status="infra"`` at once).
 
 Dynamic sampling (`AgentLoop.rollout_batch`) decides in submission order, so which groups make the
 batch does not depend on how long they took: slow tasks (long compiles, long answers, more turns) are
@@ -39,6 +42,7 @@ import time
 import zlib
 from typing import Any, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 
+from verifier.farm import TASK_FAULT_RULES   # light: no torch, no Ray, nothing of megatron_rl
 from verifier.types import Category, VerifyResult
 
 from ..algorithms.advantages import AdvantageConfig, DynamicSampler, RewardGroup, group_advantages, \
@@ -54,6 +58,11 @@ GenerateFn = Callable[[list[int], SamplingParams], Awaitable[GenerateResult]]
 
 class GenerationAborted(RuntimeError):
     """The engine aborted the request (e.g. paused for a weight update): re-run the trajectory."""
+
+
+class TaskFaultVerdict(InfraVerdictError):
+    """An infra verdict that is the task's own fault (``TASK_FAULT_RULES``): never retried, neither the verification
+    nor the trajectory; the group is unscored."""
 
 
 class PromptTooLong(ValueError):
@@ -296,7 +305,8 @@ class AgentLoop:
         self.env = env
         self.score = load_callable(cfg.reward_fn) if cfg.reward_fn else env.score
         self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-        self.stats = {"trajectories": 0, "trajectory_retries": 0, "infra_reverifications": 0, "groups_failed": 0}
+        self.stats = {"trajectories": 0, "trajectory_retries": 0, "infra_reverifications": 0, "task_fault_verdicts": 0,
+                      "groups_failed": 0}
 
     def _semaphore(self) -> asyncio.Semaphore:
         """The concurrency bound of the running event loop (asyncio primitives bind to one loop, and a
@@ -371,6 +381,11 @@ class AgentLoop:
                 raise TypeError(f"{where}: verify returned {type(verdict).__name__}, expected VerifyResult")
             if verdict.category != Category.INFRA:
                 return verdict, attempt
+            if verdict.rule in TASK_FAULT_RULES:   # the task's fault: every retry would give it again
+                self.stats["task_fault_verdicts"] += 1
+                raise TaskFaultVerdict(getattr(task, "task_id", str(task)),
+                                       f"{where}: the task's fault ({verdict.rule}), not retried: "
+                                       f"{verdict.feedback[:200]}")
             self.stats["infra_reverifications"] += 1
         raise InfraVerdictError(getattr(task, "task_id", str(task)),
                                 f"{where}: still infra after {self.cfg.infra_retries + 1} attempts: "
@@ -445,8 +460,8 @@ class AgentLoop:
         for attempt in range(self.cfg.trajectory_retries + 1):
             try:
                 return await self.run_trajectory(request, sample_index, prompt)
-            except (InfraVerdictError, GenerationAborted):
-                if attempt == self.cfg.trajectory_retries:
+            except (InfraVerdictError, GenerationAborted) as e:
+                if attempt == self.cfg.trajectory_retries or isinstance(e, TaskFaultVerdict):
                     raise
                 self.stats["trajectory_retries"] += 1
         raise AssertionError("unreachable")
@@ -465,7 +480,8 @@ class AgentLoop:
         except (InfraVerdictError, GenerationAborted, PromptTooLong) as e:
             await _cancel(jobs)
             self.stats["groups_failed"] += 1
-            status = {InfraVerdictError: "infra", GenerationAborted: "aborted", PromptTooLong: "prompt_too_long"}[type(e)]
+            status = ("infra" if isinstance(e, InfraVerdictError) else   # TaskFaultVerdict too
+                      {GenerationAborted: "aborted", PromptTooLong: "prompt_too_long"}[type(e)])
             return GroupResult(request=request, trajectories=[], status=status, error=str(e))
         except BaseException:
             await _cancel(jobs)

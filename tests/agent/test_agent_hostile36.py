@@ -190,3 +190,29 @@ def test_which_block_is_verified(response, want):
 def test_unusable_answers_are_format_errors(response):
     with pytest.raises(FormatError):
         extract_candidate(response, 1 << 20)
+
+
+@pytest.mark.parametrize("rule", ["reference_insensitive", "reference_not_repeatable", "device_lost"])
+def test_an_infra_verdict_of_the_tasks_own_fault_is_verified_once(qwen_tok, rule):
+    """A reference that ignores its inputs (or does not repeat) gives the same infra verdict every time: the farm
+    does not retry it (``TASK_FAULT_RULES``), and neither may the loop, whose verification retries times trajectory
+    retries made it (3+1) x (2+1) = 12 full verifications. Any other infra verdict is still retried."""
+    from verifier.farm import TASK_FAULT_RULES
+    calls = []
+
+    async def broken_task(task, text):
+        calls.append(text)
+        return VerifyResult(task_id=task.task_id, category=Category.INFRA, rule=rule,
+                            feedback="the task's reference gives the same output for the inputs of all trials")
+
+    engine = IdsEngine(lambda turn: (spelled(qwen_tok, "PASS") + [IM_END], "stop"))
+    cfg = AgentConfig(max_turns=2, infra_retries=3, trajectory_retries=2)
+    loop = AgentLoop(qwen_tok, engine, KernelEnvironment([], "cpu", broken_task), cfg)
+    group = asyncio.run(loop.run_group(RolloutRequest(Task("t"), "g"), group_size=1))
+    assert group.status == "infra" and not group.trajectories
+    if rule in TASK_FAULT_RULES:
+        assert len(calls) == 1 and len(engine.calls) == 1, (len(calls), len(engine.calls))
+        assert loop.stats["task_fault_verdicts"] == 1 and loop.stats["trajectory_retries"] == 0
+        assert rule in group.error
+    else:
+        assert len(calls) == (cfg.infra_retries + 1) * (cfg.trajectory_retries + 1)

@@ -185,6 +185,45 @@ def test_a_forked_helper_cannot_compute_for_the_candidate(make_cfg, monkeypatch)
     assert r.details["process_filter"]["applied"] is True
 
 
+CTOR_FORK_CPP = r'''
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int64_t fork_result = 0;   // 0: the constructor never ran, 1: a process was made, -1: refused
+
+__attribute__((constructor)) static void spawn_at_load() {   // runs at dlopen, before any kernel is called
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);          // a helper would serve from here on, outliving the build child into the run
+  if (pid > 0) waitpid(pid, nullptr, 0);
+  fork_result = pid > 0 ? 1 : -1;
+}
+
+int64_t forked() { return fork_result; }
+
+torch::Tensor relu(torch::Tensor x) { return x.clamp_min(0); }
+'''
+
+
+@pytest.mark.slow
+def test_the_build_child_refuses_a_process_forked_at_load(make_cfg):
+    """The build child imports the candidate and loads its extension (a global constructor runs at dlopen): it now
+    refuses new processes as the cpu run child does. The compiler runs in the parent's compile child, so nothing
+    honest there needs a process; before the fix the constructor's fork succeeded in the build child."""
+    import uuid
+
+    from verifier.build import build_candidate
+    code = (f"# {uuid.uuid4().hex}: a fresh build record (the extension itself is cached)\n"
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n\n"
+            f"SRC = r\"\"\"{CTOR_FORK_CPP}\"\"\"\n"
+            "ext = load_inline(name='p36_ctor_fork', cpp_sources=SRC, functions=['relu', 'forked'])\n"
+            "if ext.forked() != -1:\n"
+            "    raise RuntimeError(f'fork at load gave {ext.forked()} (1: forked, 0: no constructor ran)')\n\n\n"
+            "class ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.relu(x)\n")
+    res = build_candidate(load_task(task_path("relu")), code, make_cfg())
+    assert res.ok and res.extensions, (res.error, res.log_tail[-2000:])
+    assert "import_error" not in res.details, res.details["import_error"]
+
+
 # ---------------------------------------------------------------------------- a reference that ignores its inputs
 CLAMPED_TASK = '''
 import torch
@@ -244,9 +283,43 @@ def test_a_reference_that_varies_by_less_than_the_tolerance_is_still_scored():
     assert not reference_ignores_inputs(losses, 1e-2, 1e-30)
     zeros = [_probe([torch.zeros(16, 512)]) for _ in range(5)]       # level2/83's clamp: no input matters
     assert reference_ignores_inputs(zeros, 1e-2, 1e-30) and reference_ignores_inputs(zeros, 1e-4, 1e-30)
-    big = torch.randn(3000, 1000)                                     # above the probe's size: a strided sample
+    big = torch.randn(3000, 1000)                                     # above the probe's size: a sample
     assert _probe([big])[0].numel() <= 1 << 20
-    assert not reference_ignores_inputs([_probe([big]), _probe([big + 1e-3])], 1e-4, 1e-30)
+    # a layout a stride aliases with: at an even stride of 4 only the constant column was sampled (infra for all)
+    layout = [_probe([torch.cat([torch.ones(2 ** 20, 1), torch.randn(2 ** 20, 3, generator=g)], 1)])
+              for g in (torch.Generator().manual_seed(seed) for seed in range(2))]
+    assert not reference_ignores_inputs(layout, 1e-4, 1e-30)
+
+
+def test_the_probe_samples_without_copying_the_whole_output():
+    """A non-contiguous (here expanded) reference output is sampled where it lies: ``reshape(-1)`` copied all of it
+    (an expanded 2 GiB view cost 2 GiB, on the device too). Zero-dim and empty outputs are kept whole."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from verifier.evaluate import REFERENCE_PROBE_ELEMENTS, _probe
+
+    allocated = []
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else [out]):
+                if isinstance(t, torch.Tensor):
+                    allocated.append((str(func), t.untyped_storage().nbytes()))
+            return out
+
+    wide = torch.randn(3).expand(REFERENCE_PROBE_ELEMENTS * 12, 3)    # 144 MiB if copied, 12 bytes as it is
+    with Sizes():
+        sample = _probe([wide])[0]
+    assert sample.numel() == REFERENCE_PROBE_ELEMENTS
+    # the largest allocation is the positions' (int64, one column per dimension), a ninth of a copy's 144 MiB
+    largest = sorted(allocated, key=lambda a: -a[1])[:3]
+    assert largest[0][1] <= REFERENCE_PROBE_ELEMENTS * 8 * wide.dim(), largest
+    assert set(sample.tolist()) <= set(wide[0].tolist())
+    assert torch.equal(_probe([wide])[0], sample)                      # the same positions every time
+    small = _probe([torch.tensor(2.5), torch.empty(0, 4), torch.empty(REFERENCE_PROBE_ELEMENTS * 2, 0), 7])
+    assert small[0].tolist() == [2.5] and small[1].numel() == 0 and small[2].numel() == 0 and small[3] == 7
 
 
 # ---------------------------------------------------------------------------------- honest and still passing
