@@ -11,10 +11,11 @@ text. With ``turns > 1`` a failed answer gets the verifier's feedback as the nex
 (``feedback_text``), as in multi-turn RL. A row's ``messages`` mark every turn but the final assistant answer
 with ``step_loss_mask: 0`` (loss on the final assistant turn only).
 
-Nothing is written for an unreachable endpoint (the error names the URL and what failed); rows are written to
-``OUT.partial`` as they finish and renamed to ``OUT``, in task order, at the end. A run that was stopped (Ctrl-C, a
-kill, a lost node) leaves its finished samples in ``OUT.partial``; run the same command again and they are reused
-(each only where the teacher, the sampling and verifier settings and the task's prompt are the same), not redone.
+Nothing is written for an unreachable endpoint (the error names the URL and what failed); every finished sample is
+appended to ``OUT.partial`` (kept or not, with its verdicts), and the kept rows are written to ``OUT``, in task order,
+at the end. A run that was stopped (Ctrl-C, a kill, a lost node) leaves its finished samples in ``OUT.partial`` (and,
+stopped twice, ``OUT.partial.resume``); run the same command again and they are reused (each only where the teacher,
+the sampling and verifier settings and the task's prompt are the same, and its verification was not infra).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, feedback_text, in
 from megatron_rl.rollout.protocol import SamplingParams
 from megatron_rl.tokenizer import load_tokenizer
 from verifier.config import PRECISIONS, VerifierConfig
-from verifier.farm import FarmConfig, VerifierFarm
+from verifier.farm import TASK_FAULT_RULES, FarmConfig, VerifierFarm
 from verifier.samples import ResultsWriter
 from verifier.types import Category, VerifyResult
 
@@ -319,7 +320,7 @@ async def _sample(task: GeneratedTask, k: int, teacher: _Teacher, verify, cfg: D
         v = None
         for _ in range(cfg.infra_retries + 1):
             v = await verify(vt, answer)
-            if v.category != Category.INFRA:
+            if v.category != Category.INFRA or v.rule in TASK_FAULT_RULES:   # the task's fault: it would repeat
                 break
         assert v is not None
         verdicts.append(v)

@@ -336,3 +336,39 @@ def test_a_stopped_distill_verifies_its_infra_samples_again(tmp_path, monkeypatc
     summary = distill(tasks, str(out), cfg, progress=False)
     assert state["calls"] == [tasks[1].task_id, tasks[2].task_id]    # the passed sample reused, the infra one not
     assert summary.infra_samples == 0 and summary.passed_samples == 3
+
+
+def test_distill_does_not_retry_an_infra_verdict_of_the_tasks_own_fault(tmp_path, monkeypatch):
+    """`reference_insensitive` / `reference_not_repeatable` come back on every retry: distill verified such a sample
+    infra_retries + 1 times (the farm and the agent loop already stop at one)."""
+    import data_synth.distill as distill_mod
+    from data_synth.distill import DistillConfig, distill
+    from data_synth.generate import GenConfig
+    from data_synth.pipeline import generate_task_set
+    from data_synth.taskset import read_task_set, write_task_set
+    from verifier.types import Category, VerifyResult
+
+    tasks, _ = generate_task_set(GenConfig(stage=1, n=1, seed=5, teacher_only=True, dtypes={"float32": 1.0}),
+                                 progress=False)
+    tasks = read_task_set(write_task_set(tasks, str(tmp_path / "tasks")))
+    calls = []
+
+    class Farm:
+        def __init__(self, *a, **k):
+            pass
+
+        def close(self, drain=True):
+            pass
+
+    def verify_fn(farm):
+        async def verify(vt, answer):
+            calls.append(vt.task_id)
+            return VerifyResult(task_id=vt.task_id, category=Category.INFRA, rule="reference_insensitive",
+                                feedback="the task's reference gives the same output")
+        return verify
+
+    monkeypatch.setattr(distill_mod, "VerifierFarm", Farm)
+    monkeypatch.setattr(distill_mod, "farm_verify_fn", verify_fn)
+    summary = distill(tasks, str(tmp_path / "rows.jsonl"), DistillConfig(offline=True, infra_retries=3),
+                      progress=False)
+    assert len(calls) == 1 and summary.infra_samples == 1
