@@ -55,6 +55,9 @@ def test_loss_covers_exactly_the_final_answer_as_the_chat_template_renders_it(to
      "would train on nothing"),
     ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a<|im_end|>b"}]}',
      "control token"),
+    # any added token of the tokenizer, not only ChatML's: an RFT row holds a policy's answer
+    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a<|vision_start|>b"}]}',
+     "control token '<|vision_start|>'"),
 ])
 def test_a_malformed_row_is_an_error_naming_file_and_line(tmp_path, tok, row, reason):
     good = json.dumps({"messages": transcript()})
