@@ -42,7 +42,7 @@ import numpy as np
 from .decontam import canonical_tree, jaccard, minhash
 from .distill import DistillConfig, distill
 from .generate import GeneratedTask
-from .util import DataSynthError, atomic_write_jsonl
+from .util import DataSynthError, atomic_write_jsonl, atomic_write_text
 
 log = logging.getLogger("data_synth")
 
@@ -298,10 +298,7 @@ def run_rft(tasks: Sequence[GeneratedTask], out: str, cfg: RFTConfig, dcfg: Dist
     targets, report = select(pool, cfg)
     report["sampling"] = summary.to_dict()
     atomic_write_jsonl(out, targets)
-    tmp = f"{report_path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2, default=str)
-    os.replace(tmp, report_path)
+    atomic_write_text(report_path, json.dumps(report, indent=2, default=str))
     return {"out": out, "report": report_path, "pool": pool_path,
             **{k: report[k] for k in ("prompts", "prompts_with_verified", "samples", "verified", "targets",
                                       "clusters_per_prompt_before", "clusters_per_prompt_after",
