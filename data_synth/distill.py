@@ -282,10 +282,13 @@ async def connect(cfg: DistillConfig) -> _Teacher:
         raise DataSynthError(f"--tokenizer {cfg.tokenizer!r}: {e}") from None
     try:
         info = await _probe(client, "/get_model_info")
-        model_path = info.get("model_path") if isinstance(info, dict) else None
     except EngineError:   # optional: the URL names the teacher then
-        model_path = None
-    return SGLangTeacher(client, tokenizer, cfg, str(model_path) if model_path else None)
+        info = None
+    info = info if isinstance(info, dict) else {}
+    model = str(info["model_path"]) if info.get("model_path") else None
+    if model and info.get("weight_version") is not None:   # an RL engine's weights change under one path
+        model += f"@{info['weight_version']}"
+    return SGLangTeacher(client, tokenizer, cfg, model)
 
 
 # ------------------------------------------------------------------------------------------ the loop

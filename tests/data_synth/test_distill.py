@@ -152,6 +152,6 @@ def test_a_stopped_run_against_a_restarted_engine_reuses_its_samples(tmp_path, t
                 names.append(distill(read_task_set(folder), str(out), dcfg, progress=False).teacher)
         finally:
             server.stop()
-    assert names == ["sglang:/ckpt/sft/hf"]
+    assert names == ["sglang:/ckpt/sft/hf@0"]   # the served model and its weights' version (an RL engine's change)
     assert calls["verified"] == 4 * len(tasks)          # the first run's 2 samples were not verified again
     assert len(out.read_text().splitlines()) == 4 * len(tasks)
