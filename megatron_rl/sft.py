@@ -463,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     except InjectedFault as e:
         print(f"[sft] stopped by fault injection: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        from megatron_rl.train import interrupted_message
+
+        print(interrupted_message(cfg.ckpt_root), file=sys.stderr)
+        return 130
     print_summary(summary)
     return 0
 

@@ -252,8 +252,22 @@ def main(argv: list[str] | None = None) -> int:
     except InjectedFault as e:
         print(f"[run] stopped by fault injection: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:   # the engines and ranks were shut down on the way out
+        print(interrupted_message(cfg.ckpt_root), file=sys.stderr)
+        return 130
     print_summary(summary)
     return 0
+
+
+def interrupted_message(ckpt_root: Path) -> str:
+    """What Ctrl-C left (the last saved checkpoint, if any) and how to continue, in one line."""
+    from megatron_rl.checkpoint import LATEST_FILE
+
+    latest = Path(ckpt_root) / LATEST_FILE
+    if latest.is_file():
+        return (f"interrupted: the last checkpoint (iteration {latest.read_text().strip()[:20]}) is in {ckpt_root}; "
+                f"the same command with --resume (or --auto-resume) continues from it")
+    return f"interrupted before the first checkpoint was saved in {ckpt_root}; nothing to resume"
 
 
 if __name__ == "__main__":

@@ -372,3 +372,27 @@ def test_distill_does_not_retry_an_infra_verdict_of_the_tasks_own_fault(tmp_path
     summary = distill(tasks, str(tmp_path / "rows.jsonl"), DistillConfig(offline=True, infra_retries=3),
                       progress=False)
     assert len(calls) == 1 and summary.infra_samples == 1
+
+
+def test_ctrl_c_in_train_and_sft_is_one_line_that_says_how_to_continue(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in `megatron_rl.train` / `megatron_rl.sft` ended in a KeyboardInterrupt traceback; it now says which
+    checkpoint the run left and how to continue from it."""
+    import megatron_rl.sft as sft
+    import megatron_rl.train as train
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "run", interrupted)
+    monkeypatch.setattr(sft, "run", interrupted)
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps(ROW) + "\n")
+    assert train.main(["--config", str(ROOT / "configs/quickstart.yaml"), f"train.log_dir={tmp_path / 'rl'}"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("interrupted before the first checkpoint") and "Traceback" not in "\n".join(err)
+    ckpt = _earlier_run(tmp_path / "sft")
+    assert sft.main(["--config", str(ROOT / "configs/sft_tiny.yaml"), "--data", str(data),
+                     f"train.log_dir={tmp_path / 'sft'}"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("interrupted: the last checkpoint (iteration 10)") and str(ckpt) in err[-1]
+    assert "--resume" in err[-1]
