@@ -198,44 +198,51 @@ class _Stopped(Exception):
     pass
 
 
+class _StubFarm:
+    """Stands in for the verifier farm (`verify` answers instead); `fail` makes starting it the stop."""
+    fail = False
+
+    def __init__(self, *a, **k):
+        if _StubFarm.fail:
+            raise _Stopped("killed while the farm starts")
+
+    def close(self, drain=True):
+        pass
+
+
+def _distill_tasks(tmp_path, monkeypatch, n, verify):
+    """`n` generated stage-1 tasks, read back as distill reads them, with the farm stubbed and each verification
+    answered by ``verify(vt, answer)`` (async)."""
+    import data_synth.distill as distill_mod
+    from data_synth.generate import GenConfig
+    from data_synth.pipeline import generate_task_set
+    from data_synth.taskset import read_task_set, write_task_set
+
+    tasks, _ = generate_task_set(GenConfig(stage=1, n=n, seed=5, teacher_only=True, dtypes={"float32": 1.0}),
+                                 progress=False)
+    monkeypatch.setattr(_StubFarm, "fail", False)
+    monkeypatch.setattr(distill_mod, "VerifierFarm", _StubFarm)
+    monkeypatch.setattr(distill_mod, "farm_verify_fn", lambda farm: verify)
+    return read_task_set(write_task_set(tasks, str(tmp_path / "tasks")))
+
+
 def test_a_stopped_distill_is_continued_by_the_same_command(tmp_path, monkeypatch):
     """distill wrote its finished samples to OUT.partial, and the next run opened OUT.partial for writing: a run
     stopped at 90% and started again redid everything (an endpoint's hours). Now the same command reuses them,
     and a run with other settings does not."""
-    import data_synth.distill as distill_mod
     from data_synth.distill import DistillConfig, distill
-    from data_synth.generate import GenConfig
-    from data_synth.pipeline import generate_task_set
-    from data_synth.taskset import read_task_set, write_task_set
     from verifier.types import Category, VerifyResult
 
-    tasks, _ = generate_task_set(GenConfig(stage=1, n=4, seed=5, teacher_only=True, dtypes={"float32": 1.0}),
-                                 progress=False)
-    folder = write_task_set(tasks, str(tmp_path / "tasks"))
-    tasks = read_task_set(folder)
     verified: list[str] = []
     stop_after = [2]
 
-    class Farm:
-        fail = False
+    async def verify(vt, answer):
+        if stop_after[0] is not None and len(verified) >= stop_after[0]:
+            raise _Stopped("killed")
+        verified.append(vt.task_id)
+        return VerifyResult(task_id=vt.task_id, category=Category.PASS, q=1.0, speedup=1.5, reward=1.0)
 
-        def __init__(self, *a, **k):
-            if Farm.fail:
-                raise _Stopped("killed while the farm starts")
-
-        def close(self, drain=True):
-            pass
-
-    def verify_fn(farm):
-        async def verify(vt, answer):
-            if stop_after[0] is not None and len(verified) >= stop_after[0]:
-                raise _Stopped("killed")
-            verified.append(vt.task_id)
-            return VerifyResult(task_id=vt.task_id, category=Category.PASS, q=1.0, speedup=1.5, reward=1.0)
-        return verify
-
-    monkeypatch.setattr(distill_mod, "VerifierFarm", Farm)
-    monkeypatch.setattr(distill_mod, "farm_verify_fn", verify_fn)
+    tasks = _distill_tasks(tmp_path, monkeypatch, 4, verify)
     out = tmp_path / "rows.jsonl"
     cfg = DistillConfig(offline=True, concurrency=1)
     with pytest.raises(_Stopped):
@@ -265,10 +272,10 @@ def test_a_stopped_distill_is_continued_by_the_same_command(tmp_path, monkeypatc
     os.unlink(out)
     with pytest.raises(_Stopped):
         distill(tasks, str(out), cfg, progress=False)
-    Farm.fail = True
+    _StubFarm.fail = True
     with pytest.raises(_Stopped):
         distill(tasks, str(out), cfg, progress=False)
-    Farm.fail, stop_after[0] = False, None
+    _StubFarm.fail, stop_after[0] = False, None
     distill(tasks, str(out), cfg, progress=False)
     assert len(verified) == 2 + 2 and len(out.read_text().splitlines()) == 4
 
@@ -295,38 +302,22 @@ def test_ctrl_c_in_evaluate_and_distill_is_one_line_that_says_what_was_kept(tmp_
 def test_a_stopped_distill_verifies_its_infra_samples_again(tmp_path, monkeypatch):
     """A stop is often a lost node, and the samples verified meanwhile come back infra: reused as they were, they
     stayed infra for good. They are sampled and verified again; the others are reused."""
-    import data_synth.distill as distill_mod
     from data_synth.distill import DistillConfig, distill
-    from data_synth.generate import GenConfig
-    from data_synth.pipeline import generate_task_set
-    from data_synth.taskset import read_task_set, write_task_set
     from verifier.types import Category, VerifyResult
 
-    tasks, _ = generate_task_set(GenConfig(stage=1, n=3, seed=5, teacher_only=True, dtypes={"float32": 1.0}),
-                                 progress=False)
-    tasks = read_task_set(write_task_set(tasks, str(tmp_path / "tasks")))
-    state = {"broken": {tasks[1].task_id}, "calls": [], "stop_at": 2}
+    state = {"broken": set(), "calls": [], "stop_at": 2}
 
-    class Farm:
-        def __init__(self, *a, **k):
-            pass
+    async def verify(vt, answer):
+        if state["stop_at"] is not None and vt.task_id not in state["calls"] \
+                and len(set(state["calls"])) >= state["stop_at"]:   # stopped once two samples finished
+            raise _Stopped("node lost")
+        state["calls"].append(vt.task_id)
+        if vt.task_id in state["broken"]:   # the device is failing: every attempt is infra
+            return VerifyResult(task_id=vt.task_id, category=Category.INFRA, feedback="device lost")
+        return VerifyResult(task_id=vt.task_id, category=Category.PASS, q=1.0, speedup=1.5, reward=1.0)
 
-        def close(self, drain=True):
-            pass
-
-    def verify_fn(farm):
-        async def verify(vt, answer):
-            if state["stop_at"] is not None and vt.task_id not in state["calls"] \
-                    and len(set(state["calls"])) >= state["stop_at"]:   # stopped once two samples finished
-                raise _Stopped("node lost")
-            state["calls"].append(vt.task_id)
-            if vt.task_id in state["broken"]:   # the device is failing: every attempt is infra
-                return VerifyResult(task_id=vt.task_id, category=Category.INFRA, feedback="device lost")
-            return VerifyResult(task_id=vt.task_id, category=Category.PASS, q=1.0, speedup=1.5, reward=1.0)
-        return verify
-
-    monkeypatch.setattr(distill_mod, "VerifierFarm", Farm)
-    monkeypatch.setattr(distill_mod, "farm_verify_fn", verify_fn)
+    tasks = _distill_tasks(tmp_path, monkeypatch, 3, verify)
+    state["broken"] = {tasks[1].task_id}
     out = tmp_path / "rows.jsonl"
     cfg = DistillConfig(offline=True, concurrency=1)
     with pytest.raises(_Stopped):
@@ -341,34 +332,17 @@ def test_a_stopped_distill_verifies_its_infra_samples_again(tmp_path, monkeypatc
 def test_distill_does_not_retry_an_infra_verdict_of_the_tasks_own_fault(tmp_path, monkeypatch):
     """`reference_insensitive` / `reference_not_repeatable` come back on every retry: distill verified such a sample
     infra_retries + 1 times (the farm and the agent loop already stop at one)."""
-    import data_synth.distill as distill_mod
     from data_synth.distill import DistillConfig, distill
-    from data_synth.generate import GenConfig
-    from data_synth.pipeline import generate_task_set
-    from data_synth.taskset import read_task_set, write_task_set
     from verifier.types import Category, VerifyResult
 
-    tasks, _ = generate_task_set(GenConfig(stage=1, n=1, seed=5, teacher_only=True, dtypes={"float32": 1.0}),
-                                 progress=False)
-    tasks = read_task_set(write_task_set(tasks, str(tmp_path / "tasks")))
     calls = []
 
-    class Farm:
-        def __init__(self, *a, **k):
-            pass
+    async def verify(vt, answer):
+        calls.append(vt.task_id)
+        return VerifyResult(task_id=vt.task_id, category=Category.INFRA, rule="reference_insensitive",
+                            feedback="the task's reference gives the same output")
 
-        def close(self, drain=True):
-            pass
-
-    def verify_fn(farm):
-        async def verify(vt, answer):
-            calls.append(vt.task_id)
-            return VerifyResult(task_id=vt.task_id, category=Category.INFRA, rule="reference_insensitive",
-                                feedback="the task's reference gives the same output")
-        return verify
-
-    monkeypatch.setattr(distill_mod, "VerifierFarm", Farm)
-    monkeypatch.setattr(distill_mod, "farm_verify_fn", verify_fn)
+    tasks = _distill_tasks(tmp_path, monkeypatch, 1, verify)
     summary = distill(tasks, str(tmp_path / "rows.jsonl"), DistillConfig(offline=True, infra_retries=3),
                       progress=False)
     assert len(calls) == 1 and summary.infra_samples == 1
