@@ -53,7 +53,10 @@ def _hub_cache_hint(hf_dir: Path) -> str:
     revisions = sorted(p for p in snapshots.iterdir() if (p / "config.json").is_file())
     if not revisions:
         return f"; {hf_dir} is a Hugging Face hub cache entry with no complete snapshot under {snapshots}"
-    return (f"; {hf_dir} is a Hugging Face hub cache entry: pass a snapshot directory, e.g. {revisions[-1]}"
+    main = hf_dir / "refs" / "main"   # the revision the hub's "main" pointed at when it was downloaded
+    current = snapshots / main.read_text().strip() if main.is_file() else None
+    pick = current if current in revisions else revisions[-1]
+    return (f"; {hf_dir} is a Hugging Face hub cache entry: pass a snapshot directory, e.g. {pick}"
             + (f" ({len(revisions)} snapshots)" if len(revisions) > 1 else ""))
 
 

@@ -133,9 +133,12 @@ def test_a_hub_cache_entry_given_for_the_model_names_its_snapshot(tmp_path, caps
     at the snapshot directory that holds the model."""
     entry = tmp_path / "models--Qwen--Qwen3-0.6B"
     snapshot = _hf_dir(entry / "snapshots" / "c1899de289a04d12100db370d81485cdf75e47ca")
+    older = entry / "snapshots" / "ffff0000000000000000000000000000000000ff"   # sorts last, not refs/main's
+    older.mkdir()
+    (older / "config.json").write_text((snapshot / "config.json").read_text())
     (entry / "refs").mkdir()
     (entry / "refs" / "main").write_text(snapshot.name)
-    _refused(tmp_path, entry, capsys, [f"{entry / 'config.json'}: missing", "hub cache", str(snapshot)])
+    _refused(tmp_path, entry, capsys, [f"{entry / 'config.json'}: missing", "hub cache", f"e.g. {snapshot} (2"])
 
 
 # ----- quantized weights under a config that does not say so ----------------------------------------------------------
