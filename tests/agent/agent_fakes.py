@@ -8,6 +8,15 @@ from verifier.types import Category, VerifyResult
 IM_START, IM_END, ASSISTANT = 151644, 151645, 77091
 
 
+@dataclasses.dataclass
+class Task:
+    """A KernelBench-format task whose model returns its input: the loop's tests need a task, not its meaning."""
+    task_id: str
+    source: str = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n" \
+                  "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n"
+    path: str = "<t>"
+
+
 def assistant_turns(ids) -> int:
     return sum(1 for a, b in zip(ids, ids[1:]) if a == IM_START and b == ASSISTANT)
 

@@ -10,17 +10,9 @@ from megatron_rl.rollout.environment import KernelEnvironment
 from megatron_rl.rollout.protocol import GenerateResult
 from verifier.extract import FormatError, extract_candidate
 from verifier.types import Category, VerifyResult
-from agent_fakes import ASSISTANT, IM_END, IM_START, MarkerVerifier
+from agent_fakes import ASSISTANT, IM_END, IM_START, MarkerVerifier, Task
 
 FIRST_ADDED = 151643   # Qwen3's added tokens start here; the model's padded vocabulary ends at 151936
-
-
-@dataclasses.dataclass
-class Task:
-    task_id: str
-    source: str = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n" \
-                  "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n"
-    path: str = "<t>"
 
 
 class IdsEngine:

@@ -11,15 +11,7 @@ from megatron_rl.rollout.agent import AgentConfig, AgentLoop, RolloutRequest
 from megatron_rl.rollout.environment import KernelEnvironment
 from megatron_rl.rollout.prompts import feedback_text, initial_messages
 from megatron_rl.types import TrainSample
-from agent_fakes import IM_END, MarkerVerifier, ScriptedEngine, token_logprobs
-
-
-@dataclasses.dataclass
-class Task:
-    task_id: str
-    source: str = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n" \
-                  "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n"
-    path: str = "<t>"
+from agent_fakes import IM_END, MarkerVerifier, ScriptedEngine, Task, token_logprobs
 
 
 def env(verify=None, **kw):

@@ -1,7 +1,6 @@
 """Dynamic sampling under concurrency: which groups make the batch must not depend on how long they took,
 and whatever a step drew but did not use goes back (tasks to the stream, BDR entries to the buffer)."""
 import asyncio
-import dataclasses
 import itertools
 
 from megatron_rl.algorithms.bdr import BDRConfig, BufferedDynamicRetry, FailedPrompt
@@ -9,18 +8,7 @@ from megatron_rl.cluster.rollout_manager import PromptSource, TaskStream
 from megatron_rl.rollout.agent import AgentConfig, AgentLoop, RolloutRequest
 from megatron_rl.rollout.environment import KernelEnvironment
 from verifier.types import Category, VerifyResult
-from agent_fakes import ScriptedEngine
-
-SOURCE = ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
-          "def get_inputs():\n    return [torch.randn(4, 8)]\ndef get_init_inputs():\n    return []\n")
-
-
-@dataclasses.dataclass
-class Task:
-    task_id: str
-    source: str = SOURCE
-    path: str = "<t>"
-
+from agent_fakes import ScriptedEngine, Task
 
 class TimedVerifier:
     """`slow-*` tasks take 100x longer to verify (long compiles); in a `*-var-*` task's group the first
