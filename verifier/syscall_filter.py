@@ -132,6 +132,13 @@ def no_processes_program(machine: str) -> bytes:
     return b"".join(prog)
 
 
+def _fprog(code: bytes) -> tuple[ctypes.Array, _SockFprog]:
+    """A BPF program as the kernel takes it: the instruction buffer (keep it alive until the filter is installed)
+    and the ``sock_fprog`` pointing at it."""
+    buf = ctypes.create_string_buffer(code, len(code))
+    return buf, _SockFprog(len(code) // 8, ctypes.addressof(buf))
+
+
 def install_no_processes(libc=None) -> dict[str, Any]:
     """Refuse new processes to every thread of the calling process from now on (``no_processes_program``; a
     filter cannot be lifted). For a cpu run or build child, right before its candidate is imported: work done in a
@@ -141,8 +148,7 @@ def install_no_processes(libc=None) -> dict[str, Any]:
     if machine not in _NUMBERS:
         return {"applied": False, "reason": f"no filter for architecture {machine!r}"}
     code = no_processes_program(machine)
-    buf = ctypes.create_string_buffer(code, len(code))
-    prog = _SockFprog(len(code) // 8, ctypes.addressof(buf))
+    buf, prog = _fprog(code)
     libc = libc or ctypes.CDLL(None, use_errno=True)
     # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: threads already running (pools) get it too
     rc = libc.syscall(ctypes.c_long(_NUMBERS[machine]["seccomp"]), ctypes.c_long(1), ctypes.c_long(1),
@@ -159,8 +165,7 @@ def install(libc=None) -> dict[str, Any]:
     if machine not in _NUMBERS:
         return {"applied": False, "reason": f"no filter for architecture {machine!r}"}
     code = build_program(machine)
-    buf = ctypes.create_string_buffer(code, len(code))
-    prog = _SockFprog(len(code) // 8, ctypes.addressof(buf))
+    buf, prog = _fprog(code)
     libc = libc or ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         return {"applied": False, "reason": f"prctl(PR_SET_SECCOMP): {errno.errorcode.get(ctypes.get_errno())}"}
