@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from megatron_rl.rollout.prompts import CONTROL_TOKENS
+from megatron_rl.rollout.prompts import CONTROL_TOKENS, tokenizer_control_tokens
 from megatron_rl.types import TrainSample
 
 log = logging.getLogger("megatron_rl.sft")
@@ -109,14 +109,6 @@ def end_of_turn_ids(tokenizer) -> set[int]:
     return ids
 
 
-def _control_ids(tokenizer) -> set[int]:
-    """Ids of the tokenizer's added and special tokens that no answer may hold (turn markers, vision and tool
-    tokens, ...), but the reasoning markers the chat template itself writes into an answer (``<think>``)."""
-    added = dict(getattr(tokenizer, "get_added_vocab", dict)() or {})
-    ids = set(added.values()) | set(getattr(tokenizer, "all_special_ids", None) or ())
-    return ids - {added.get("<think>"), added.get("</think>")}
-
-
 def encode_messages(tokenizer, messages: Sequence[dict], template_kwargs: dict | None = None) -> TrainSample:
     """Tokens of the rendered transcript (through the answer's end-of-turn token) and a loss mask that is 1 on the
     final assistant answer and its end-of-turn token only. Raises ValueError when the chat template or the
@@ -141,7 +133,7 @@ def encode_messages(tokenizer, messages: Sequence[dict], template_kwargs: dict |
     tokens = f_ids[:end + 1]
     if end + 1 - len(p_ids) < 2:
         raise ValueError("the answer renders to no tokens")
-    control = _control_ids(tokenizer)
+    control = set(tokenizer_control_tokens(tokenizer).values())
     spelled = next((t for t in f_ids[len(p_ids):end] if t in control), None)
     if spelled is not None:   # (an RFT row holds a policy's answer: it would be trained to emit that token)
         raise ValueError(f"the answer holds the tokenizer's control token "

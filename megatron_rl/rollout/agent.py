@@ -50,7 +50,8 @@ from ..algorithms.advantages import AdvantageConfig, DynamicSampler, RewardGroup
 from ..algorithms.rewards import (InfraVerdictError, PrimeEchoConfig, TurnOutcome, checked_turn_score,
                                   load_callable, primeecho_reward)
 from .environment import Environment, farm_verify_fn, threaded_verify_fn  # noqa: F401 (the verifier adapters' old home)
-from .prompts import CONTROL_TOKENS, DEFAULT_SYSTEM_PROMPT, candidate_code, defuse_control_tokens
+from .prompts import (CONTROL_TOKENS, DEFAULT_SYSTEM_PROMPT, candidate_code, defuse_control_tokens,
+                      tokenizer_control_tokens)
 from .protocol import GenerateResult, SamplingParams
 
 GenerateFn = Callable[[list[int], SamplingParams], Awaitable[GenerateResult]]
@@ -219,12 +220,7 @@ class ConversationCodec:
         """Every string this tokenizer reads back as one added or special token (and ChatML's control strings),
         longest first, but the reasoning markers: templates split past answers on ``</think>``, and they open or
         close no turn. Whitespace tokens and single characters are left alone (code is full of them)."""
-        found = set(CONTROL_TOKENS)
-        try:
-            found.update(self.tokenizer.get_added_vocab())
-        except (AttributeError, NotImplementedError):
-            pass
-        found.update(getattr(self.tokenizer, "all_special_tokens", None) or ())
+        found = set(CONTROL_TOKENS) | set(tokenizer_control_tokens(self.tokenizer))
         keep = (t for t in found if isinstance(t, str) and len(t) > 1 and t not in ("<think>", "</think>")
                 and not any(c.isspace() for c in t))
         return tuple(sorted(keep, key=lambda t: (-len(t), t)))

@@ -188,6 +188,19 @@ def _describe_cached(source: str, filename: str) -> InputMetadata:
 # Text
 
 
+def tokenizer_control_tokens(tokenizer) -> dict[str, int]:
+    """The tokenizer's added and special tokens (text -> id), but the reasoning markers ``<think>``/``</think>``:
+    chat templates write those into answers themselves and split past answers on them. What an answer must not hold
+    (an SFT row) and what history is defused of (`ConversationCodec.untrusted`)."""
+    try:
+        added = dict(tokenizer.get_added_vocab())
+    except (AttributeError, NotImplementedError):
+        added = {}
+    special = dict(zip(getattr(tokenizer, "all_special_tokens", None) or (),
+                       getattr(tokenizer, "all_special_ids", None) or ()))
+    return {t: i for t, i in {**special, **added}.items() if t not in ("<think>", "</think>")}
+
+
 def defuse_control_tokens(text: str, control_tokens: Iterable[str] = CONTROL_TOKENS) -> str:
     """Break chat control strings in untrusted text so a tokenizer cannot read them as control tokens."""
     for tok in control_tokens:
