@@ -1246,10 +1246,12 @@ class _DeviceStage:
         self._device_snapshot = self._snapshot(kind, report, "device_layout") if offer else None
         return report
 
-    def _trial(self, ref_model, seed: int, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _trial(self, ref_model, seed: int, full: bool = False,
+               probe: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
-        the first mismatch, in-place/aliasing flags against the reference, runtime rule violations). The
-        reference runs first: its outputs size the device buffer a full handover is offered."""
+        the first mismatch, in-place/aliasing flags against the reference, runtime rule violations; with
+        ``probe``, ``_probe``'s sample of the reference's outputs). The reference runs first: its outputs size the
+        device buffer a full handover is offered."""
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
         report, sample, commitment = self._ask_trial(seed, full=full)
         if report.get("subclass_outputs"):
@@ -1282,7 +1284,8 @@ class _DeviceStage:
             if finding:
                 problems.append(finding)
         del leaves
-        return report, {"row": row, "flags": flags, "problems": problems, "ref_probe": _probe(ref_leaves)}
+        return report, {"row": row, "flags": flags, "problems": problems,
+                        "ref_probe": _probe(ref_leaves) if probe else None}
 
     def _correctness(self, ref_model) -> float:
         cfg = self.cfg
@@ -1297,7 +1300,7 @@ class _DeviceStage:
         max_abs = max_rel = 0.0
         for i in range(n):   # outputs too large to hand over in full every time are, in the first trial
             seed = secrets.randbits(63)
-            report, judged = self._trial(ref_model, seed, full=i == 0)
+            report, judged = self._trial(ref_model, seed, full=i == 0, probe=True)
             for k, v in (report.get("aten_ops") or {}).items():
                 aten[str(k)] = aten.get(str(k), 0) + int(v)
             for k, v in (report.get("device_kernels") or {}).items():
