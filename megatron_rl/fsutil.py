@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -26,13 +26,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a unique hidden sibling and rename it over ``path``: a reader sees the old file or the new
     one, two writers (threads, ranks) never share a temp name, and a failed write leaves no temp behind. The file
     gets the umask's mode, as a plain open gives (not mkstemp's 0600): the next stage's job may be another user's."""
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))   # not a str: AttributeError, the temp removed
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """`write_text_atomic` for any content: ``write`` fills the binary temp file (an image's ``save``, bytes)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from megatron_rl.fsutil import write_text_atomic
+from megatron_rl.fsutil import write_atomic, write_text_atomic
 from megatron_rl.observability import RunFacts, throughput_scalars
 
 
@@ -143,9 +142,7 @@ class _Canvas:
         self.legend_y += 20
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        self.img.save(tmp, format="PNG")
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: self.img.save(f, format="PNG"))
 
 
 def line_plot(path: Path, title: str, ylabel: str, steps: Sequence[int], series: dict[str, Sequence[float]]) -> bool:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from megatron_rl.fsutil import write_text_atomic
+from megatron_rl.fsutil import write_atomic, write_text_atomic
 
 
 def test_concurrent_writers_never_share_a_temp_and_a_reader_sees_one_whole_text(tmp_path):
@@ -37,9 +37,24 @@ def test_concurrent_writers_never_share_a_temp_and_a_reader_sees_one_whole_text(
 def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path):
     target = tmp_path / "latest_checkpointed_iteration.txt"
     write_text_atomic(target, "7")
-    with pytest.raises(TypeError):
+    with pytest.raises(AttributeError):
         write_text_atomic(target, b"8")   # not text: the write fails after the temp exists
     assert target.read_text() == "7"
+    assert sorted(os.listdir(tmp_path)) == [target.name]
+
+
+def test_a_writer_failing_halfway_leaves_the_old_bytes_and_no_temp(tmp_path):
+    """`write_atomic` is what a plot's PNG goes through: a save that dies after writing part of the image."""
+    target = tmp_path / "reward.png"
+    write_atomic(target, lambda f: f.write(b"old image"))
+
+    def half_then_fail(f):
+        f.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(target, half_then_fail)
+    assert target.read_bytes() == b"old image"
     assert sorted(os.listdir(tmp_path)) == [target.name]
 
 
