@@ -240,8 +240,13 @@ def cmd_generate(args: argparse.Namespace) -> dict[str, Any]:
             key = f"{r.check}:{(r.reason or '').split(':')[0]}"
             skipped[key] = skipped.get(key, 0) + 1
     if not tasks:   # an empty task set is no output: every later stage refuses it ("no task files")
+        where = ""
+        if records:   # each candidate's reason is what the user needs to fix the filters: keep it beside OUT
+            report = os.path.abspath(args.out).rstrip(os.sep) + ".generation_report.jsonl"
+            atomic_write_jsonl(report, [r.to_dict() for r in records])
+            where = f"; each candidate's reason is in {report}"
         raise RuntimeError(f"no candidate was accepted ({len(records)} tried; skipped: {skipped or 'none'}); "
-                           f"nothing written to {args.out}")
+                           f"nothing written to {args.out}{where}")
     info = {"command": "generate", "stage": cfg.stage, "seed": cfg.seed, "requested": cfg.n, "accepted": len(tasks),
             "candidates": len(records), "skipped": skipped, "validated": validation is not None,
             "decontaminated_against": [r.name for r in refs], "weights": weights,

@@ -171,15 +171,30 @@ def test_generate_refuses_a_candidate_limit_below_one_and_writes_no_empty_task_s
         assert rc == rc_want and msg in capsys.readouterr().err
     from data_synth import cli
 
+    from data_synth.pipeline import CandidateRecord
+
     cli_generate = cli.generate_task_set
+    skipped = [CandidateRecord(0, "gen_0", "skipped", "validate", "compile_failed: nvcc said no"),
+               CandidateRecord(1, "gen_1", "skipped", "decontaminate", "kb_near_duplicate: level1/19")]
     try:
         cli.generate_task_set = lambda *a, **k: ([], [])
         rc = main(["generate", "--n", "1", "--out", str(tmp_path / "t"), "--no-progress", "--no-validate",
                    "--no-decontaminate"])
+        assert rc == 3 and "no candidate was accepted" in capsys.readouterr().err
+        assert not (tmp_path / "t").exists() and not (tmp_path / "t.generation_report.jsonl").exists()
+        # every candidate skipped: the reasons (what the user changes next) are kept beside OUT, and named
+        cli.generate_task_set = lambda *a, **k: ([], skipped)
+        rc = main(["generate", "--n", "1", "--out", str(tmp_path / "t") + "/", "--no-progress", "--no-validate",
+                   "--no-decontaminate"])
     finally:
         cli.generate_task_set = cli_generate
-    assert rc == 3 and "no candidate was accepted" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    report = tmp_path / "t.generation_report.jsonl"
+    assert rc == 3 and "2 tried" in err and str(report) in err
     assert not (tmp_path / "t").exists()
+    rows = [json.loads(line) for line in report.read_text().splitlines()]
+    assert [(r["task_id"], r["check"], r["reason"]) for r in rows] == [
+        ("gen_0", "validate", "compile_failed: nvcc said no"), ("gen_1", "decontaminate", "kb_near_duplicate: level1/19")]
 
 
 @pytest.mark.parametrize("flag,value,msg", [("--temperature", "-1", "--temperature must be >= 0"),
