@@ -97,3 +97,20 @@ def test_dockerfiles_and_scripts_lint_clean():
     if "error" in out and "package registry" in out["error"]:
         pytest.skip(out["error"])
     assert p.returncode == 0 and out["clean"], p.stdout[-3000:]
+
+
+@pytest.mark.parametrize("script", ["launch/slurm_train.sbatch", "launch/slurm_bench_actor.sbatch"])
+def test_batch_scripts_find_the_repository_or_say_how_to_submit(tmp_path, script):
+    """slurm runs a spool copy of the script, so the repository is the job's working directory (sbatch --chdir) or
+    the folder sbatch was called from; submitted from elsewhere, the job says so instead of `source: not found`."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    p = subprocess.run(["bash", str(ROOT / script)], cwd=elsewhere, capture_output=True, text=True, timeout=60,
+                       env={**env, "SLURM_SUBMIT_DIR": str(elsewhere)})
+    assert p.returncode == 1 and f"{elsewhere} is not the repository" in p.stderr and "--chdir=REPO" in p.stderr
+    # --chdir=REPO: the working directory is the repository while SLURM_SUBMIT_DIR is where sbatch was called;
+    # the script gets past the check (to the next one, the missing allocation)
+    p = subprocess.run(["bash", str(ROOT / script)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**env, "SLURM_SUBMIT_DIR": str(elsewhere), "PY": "true"})
+    assert "is not the repository" not in p.stderr
