@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from datetime import timedelta
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from megatron_rl.ports import free_port
 
 from . import cpu_compat
 
@@ -30,12 +31,6 @@ class ParallelInfo:
     pp_rank: int
     dp_rank: int
     device: torch.device
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_parallel(tp: int = 1, pp: int = 1, *, vpp: int | None = None, seed: int = 1234,
@@ -91,6 +86,10 @@ def destroy_parallel() -> None:
         dist.destroy_process_group()
 
 
+#: torch.distributed's TCPStore, when the port it was given is taken
+_LOST_PORT = ("The server socket has failed", "EADDRINUSE")
+
+
 def _spawn_entry(local_rank: int, world_size: int, port: int, fn: Callable, args: tuple, env: dict) -> None:
     os.environ.update(env)
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
@@ -112,5 +111,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args, env: dict | None = Non
     """
     import torch.multiprocessing as mp
 
-    mp.spawn(_spawn_entry, args=(world_size, free_port(), fn, args, dict(env or {})),
-             nprocs=world_size, join=True)
+    for attempt in range(3):
+        try:
+            mp.spawn(_spawn_entry, args=(world_size, free_port(), fn, args, dict(env or {})),
+                     nprocs=world_size, join=True)
+            return
+        except mp.ProcessRaisedException as e:
+            # rank 0's rendezvous store lost its port to another process between the check and its bind, so the
+            # group never formed: again on a fresh port, up to three times
+            if attempt == 2 or not all(m in str(e) for m in _LOST_PORT):
+                raise

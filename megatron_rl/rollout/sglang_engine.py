@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from megatron_rl.ports import free_port
+
 from .client import ClientConfig, EngineClient
 from .engine import HttpEngine
 
@@ -109,13 +111,6 @@ def server_command(cfg: SGLangServerConfig, port: int) -> list[str]:
         "weight_version": cfg.weight_version,
     }
     return [cfg.python, "-m", cfg.launch_module] + args_to_flags(explicit) + args_to_flags(cfg.server_args)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

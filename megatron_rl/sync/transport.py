@@ -40,6 +40,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron_rl.ports import free_port
+
 from .buckets import Allocator, FlatBucket, TensorMeta, dtype_from_name, dtype_name, unflatten
 
 SHM_PREFIX = "mrl-wsync-"
@@ -505,7 +507,7 @@ class DistributedSender:
 
         if self.group is not None:
             await self.close(engines)
-        port = self.master_port or _free_port()
+        port = self.master_port or free_port("")
         sizes = [getattr(e, "tp_size", 1) for e in engines]
         spec = WeightGroupSpec(self.master_address, port, 1 + sum(sizes), self.group_name, self.backend,
                                self.timeout_s)
@@ -591,14 +593,6 @@ class DistributedSender:
             self.group.destroy()
             self.group = None
             self.broken = False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _in_daemon_thread(fn, *args):
