@@ -35,12 +35,27 @@ Outputs in ``--out``: ``results.jsonl`` (one row per sample, every turn's verdic
 per op family). A task whose group could not be scored (persistent infra verdicts, a prompt over the context) is
 listed with its reason and left out of the figures, never counted as a failure. The last stdout line is a JSON
 summary.
+
+A stopped run (Ctrl-C, a crash, a kill) keeps its finished tasks: each task's rows are appended to
+``OUT/results.partial.jsonl`` as its group finishes (one fsynced line per task; a kill loses at most the task being
+written), and the same command with the same ``--out`` continues with the tasks not done yet. The file's first line is
+a fingerprint of what decides the results (the model and its weight files, the task source, the sampling, verifier and
+task-selection flags, the seed, the backend, the tokenizer); a run whose flags differ from it is refused (exit 2,
+naming the fields) and the file is left as it was: ``--fresh`` moves it aside (``results.partial-<time>.jsonl``) and
+starts over, or pick another ``--out``. A finished task is reused only while it is still selected and its source (as
+resized) and precision are unchanged; a task that could not be scored counts as finished. Once every task is done the
+reports are written from the kept and the new rows alike and the progress file is removed, so a finished ``OUT``
+looks as it always did, and the same command on it starts a new evaluation. Resumed tasks are not sampled again: their
+samples are those an uninterrupted run draws, because every request's sampling seed is derived from ``--seed``, the
+task, the sample and the turn (``AgentConfig.seed``), never from what else ran, up to the floating-point differences
+another batch composition can make in the logits; timings (speedups) are measurements and vary between any two runs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import html
 import json
 import logging
@@ -253,6 +268,7 @@ class EvalConfig:
     engine_threads: int | None = None
     label: str | None = None
     progress: bool = True
+    fresh: bool = False
 
     def validate(self) -> None:
         """Every flag's range, before anything is loaded; a bad value raises ValueError naming the flag."""
@@ -342,15 +358,16 @@ def _tasks(cfg: EvalConfig) -> list:
     return tasks
 
 
-def _preflight(cfg: EvalConfig) -> tuple[list, dict]:
+def _preflight(cfg: EvalConfig) -> tuple[dict[str, list], dict, tuple]:
     """Everything that can be checked before the model is loaded (or converted) and ``--out`` is written: the
     flags, ``--out``, the task set, the verifier's settings per precision and the backend's device. Returns the
-    tasks grouped by the precision the verifier checks them at, and each group's VerifierConfig."""
+    tasks grouped by the precision the verifier checks them at, each group's VerifierConfig and what
+    `_locate_model` found."""
     from verifier.config import VerifierConfig
     from verifier.devices import DeviceUnavailable, get_backend
 
     cfg.validate()
-    _locate_model(cfg.model)
+    located = _locate_model(cfg.model)
     out = Path(cfg.out).expanduser()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {cfg.out}: exists and is not a folder")
@@ -382,7 +399,7 @@ def _preflight(cfg: EvalConfig) -> tuple[list, dict]:
 
         if not torch.cuda.is_available():
             raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
-    return groups, vcfgs
+    return groups, vcfgs, located
 
 
 def _precision(task, mode: str) -> str:
@@ -403,7 +420,235 @@ def _family(task) -> str:
     return named or next(iter(reference_families(task)), "unknown")
 
 
-async def _run_groups(agent, tasks, groups_in_flight: int, bar) -> list:
+# ------------------------------------------------------------------------------------------ progress (resume)
+
+PROGRESS_FILE = "results.partial.jsonl"
+PROGRESS_FORMAT = 1
+
+
+class ResumeError(ValueError):
+    """``--out`` holds an unfinished evaluation this run must not continue; the message says why and what to do."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C after the progress file was set up: ``kept`` finished tasks are in ``path``."""
+
+    def __init__(self, kept: int, path: Path):
+        super().__init__(f"{kept} finished tasks kept in {path}")
+        self.kept = kept
+        self.path = path
+
+
+def _model_identity(located: tuple) -> tuple[str, Any]:
+    """The model `_locate_model` found and a cheap identity of its weights (file names, sizes and mtimes of an HF
+    dir; a checkpoint's meta file mtime, as `resolve_model`'s conversion marker): weights rewritten in place (a
+    re-export, a newer checkpoint) are another model, without hashing gigabytes."""
+    from megatron_rl.checkpoint import META_FILE, resolve_checkpoint
+
+    hf_dir, root, iteration = located
+    if hf_dir is not None:
+        files = sorted(p for p in hf_dir.iterdir() if p.suffix == ".safetensors" or p.name == "config.json")
+        return str(hf_dir), [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    _, ckpt = resolve_checkpoint(root, iteration)
+    return str(ckpt.resolve()), {"meta_mtime_ns": (ckpt / META_FILE).stat().st_mtime_ns}
+
+
+def _fingerprint(cfg: EvalConfig, located: tuple) -> dict[str, Any]:
+    """Everything a task's rows depend on, as JSON reads it back. Left out: how the run is run (--concurrency,
+    --device, --engine-threads, caches, --compile-workers) and what only the reports use (--pass-k, --label)."""
+    model, weights = _model_identity(located)
+    tok = cfg.tokenizer
+    if tok is not None and Path(tok).expanduser().exists():
+        tok = str(Path(tok).expanduser().resolve())
+    fp = {"model": model, "weights": weights, "tasks": str(Path(cfg.tasks).expanduser().resolve()),
+          "samples": cfg.samples, "turns": cfg.turns, "temperature": cfg.temperature, "top_p": cfg.top_p,
+          "max_new_tokens": cfg.max_new_tokens, "max_context_tokens": cfg.max_context_tokens,
+          "levels": list(cfg.levels), "limit": cfg.limit, "precision": cfg.precision, "trials": cfg.trials,
+          "timing_trials": cfg.timing_trials, "compare_compile": cfg.compare_compile,
+          "size_profile": cfg.size_profile, "seed": cfg.seed, "backend": cfg.backend, "tokenizer": tok}
+    return json.loads(json.dumps(fp, default=str))
+
+
+def _task_key(task, precision: str) -> str:
+    """A finished task is reused only for the same source (as resized: what the prompt showed and the verifier ran)
+    at the same precision: a task file edited between the runs is evaluated again."""
+    return hashlib.sha256(json.dumps([task.source, precision]).encode()).hexdigest()[:16]
+
+
+def _aside(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = path.with_name(f"results.partial-{stamp}.jsonl"), 1
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"results.partial-{stamp}-{n}.jsonl")
+    return dest
+
+
+def _read_progress(path: Path) -> tuple[dict | None, list[dict], bool, bytes]:
+    """A progress file's header, records, whether its last line was torn (a kill mid-write: no newline yet) and its
+    complete lines. A damaged line before the last is no kill's doing: ResumeError."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    parsed = []
+    for i, raw in enumerate(data[:end].split(b"\n")[:-1], 1):
+        try:
+            parsed.append(json.loads(raw))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ResumeError(f"{path}: line {i} is damaged (not JSON); --fresh moves the file aside and starts "
+                              f"over") from None
+    if not parsed:
+        return None, [], end < len(data), data[:end]
+    header, records = parsed[0], parsed[1:]
+    if not (isinstance(header, dict) and header.get("evaluate_progress") == PROGRESS_FORMAT
+            and isinstance(header.get("fingerprint"), dict)):
+        raise ResumeError(f"{path}: not a progress file of this version of megatron_rl.evaluate; --fresh moves it "
+                          f"aside and starts over")
+    for i, r in enumerate(records, 2):
+        if not (isinstance(r, dict) and isinstance(r.get("task_id"), str) and isinstance(r.get("rows"), list)):
+            raise ResumeError(f"{path}: line {i} is not a finished task; --fresh moves the file aside and starts over")
+    return header, records, end < len(data), data[:end]
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class Progress:
+    """``OUT/results.partial.jsonl``: a header line (the run's `_fingerprint`), then one line per finished task (its
+    results.jsonl rows, its op family, or why it was not scored), each flushed and fsynced, so a kill loses at most
+    the task being written. One line per task, not per sample: a task is resumed whole or sampled again, as Pass@k
+    needs all of its samples."""
+
+    def __init__(self, path: Path, fingerprint: dict[str, Any], records: dict[str, dict] | None = None):
+        self.path = path
+        self.fingerprint = fingerprint
+        self.records: dict[str, dict] = dict(records or {})   # task_id -> record, of the tasks selected now
+        self.resumed = len(self.records)
+        self._append = bool(records)    # else the first record starts the file anew
+        self._fh = None
+
+    @classmethod
+    def load(cls, out: Path, fingerprint: dict[str, Any], keys: dict[str, str], fresh: bool) -> "Progress":
+        """The finished tasks an earlier, stopped run left in ``out`` for the selected tasks (``keys``: task_id ->
+        `_task_key`). Raises ResumeError, the file untouched, when it was made with other settings; ``fresh`` moves
+        it aside instead. Reads (or renames) only: nothing is written before the first task finishes."""
+        path = out / PROGRESS_FILE
+        if not path.is_file():
+            return cls(path, fingerprint)
+        if fresh:
+            dest = _aside(path)
+            os.replace(path, dest)
+            print(f"[evaluate] --fresh: moved the unfinished evaluation's {path} aside to {dest}", file=sys.stderr,
+                  flush=True)
+            return cls(path, fingerprint)
+        header, records, torn, complete = _read_progress(path)
+        if torn:
+            log.warning("%s: its last line was cut off (the run was killed while writing it): ignored, that task "
+                        "is evaluated again", path)
+        if not records:    # nothing finished in it (killed before a task ended): nothing to keep or refuse for
+            return cls(path, fingerprint)
+        old = header["fingerprint"]
+        differ = [k for k in sorted({*old, *fingerprint}) if old.get(k) != fingerprint.get(k)]
+        if differ:
+            what = "; ".join("weights: the model's files changed" if k == "weights" else
+                             f"{k}: {_short(old.get(k))} then, {_short(fingerprint.get(k))} now" for k in differ)
+            raise ResumeError(f"--out {out} holds an unfinished evaluation made with other settings ({len(records)} "
+                              f"tasks done in {path}; differing: {what}): run it with its own settings to continue, "
+                              f"pass --fresh to move it aside and start over, or choose another --out")
+        latest = {r["task_id"]: r for r in records}    # a task evaluated again after an edit: its last line
+        kept = {tid: r for tid, r in latest.items() if keys.get(tid) == r.get("key")}
+        changed = [tid for tid in latest if tid in keys and tid not in kept]
+        gone = [tid for tid in latest if tid not in keys]
+        if changed:
+            log.warning("%s: %d finished tasks changed since (their source or precision), evaluated again: %s", path,
+                        len(changed), ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else ""))
+        if gone:
+            log.warning("%s: %d finished tasks are no longer in --tasks, left out of the reports: %s", path,
+                        len(gone), ", ".join(gone[:5]) + (" ..." if len(gone) > 5 else ""))
+        if torn:     # appending after a torn line would glue the next record to it: keep the complete lines only
+            from megatron_rl.fsutil import write_text_atomic
+
+            write_text_atomic(path, complete.decode())
+        print(f"[evaluate] resuming: {len(kept)} of {len(keys)} tasks already done in {path}", file=sys.stderr,
+              flush=True)
+        progress = cls(path, fingerprint, kept)
+        progress._append = True
+        return progress
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one finished task's record (flushed and fsynced)."""
+        from megatron_rl.fsutil import fsync_dir
+
+        if self._fh is None:
+            self._fh = open(self.path, "a" if self._append else "w", encoding="utf-8")
+            if not self._append:
+                self._line({"evaluate_progress": PROGRESS_FORMAT, "fingerprint": self.fingerprint})
+            fsync_dir(self.path.parent)
+        self._line(record)
+        self.records[record["task_id"]] = record
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, default=str) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def note(self) -> str:
+        """What a stopped run keeps, for its error message."""
+        if not self.records:
+            return ""
+        return f"; {len(self.records)} finished tasks are kept in {self.path}: run the same command to continue"
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def finish(self) -> None:
+        """The reports hold every row now: the progress file goes, so a finished OUT looks as it always did."""
+        from megatron_rl.fsutil import fsync_dir
+
+        self.close()
+        self.path.unlink(missing_ok=True)
+        fsync_dir(self.path.parent)
+
+
+def _group_record(task, g, key: str = "") -> dict[str, Any]:
+    """One finished task as `Progress` keeps it and `_write` reads it: its results.jsonl rows (as JSON reads them
+    back, so a resumed row and a new one are written alike), its op family, or why it was not scored."""
+    if not g.ok:
+        return {"task_id": task.task_id, "key": key, "family": None, "unscored": f"{g.status}: {g.error[:300]}",
+                "rows": []}
+    family = _family(task)    # KernelBench's tasks are classified by a meta-tensor run: once each
+    rows = []
+    for tr in g.trajectories:
+        win = next((t for t in tr.turns if t.verdict.passed), None)
+        last = tr.turns[-1]
+        o = SampleOutcome(task_id=task.task_id, level=task.level, family=family, passed=win is not None,
+                          first_turn_passed=tr.turns[0].verdict.passed,
+                          speedup=win.verdict.speedup if win else None,
+                          speedup_compile=win.verdict.speedup_compile if win else None,
+                          turns=len(tr.turns), category=(win or last).verdict.category.value)
+        rows.append({
+            **dataclasses.asdict(o), "sample_index": tr.sample_index,
+            "turn_verdicts": [{"turn": t.turn, "category": t.verdict.category.value, "q": t.verdict.q,
+                               "speedup": t.verdict.speedup, "speedup_compile": t.verdict.speedup_compile,
+                               "feedback": t.verdict.feedback[:500], "response_tokens": len(t.response_ids),
+                               "finish_reason": t.finish_reason} for t in tr.turns],
+            "response": win.response_text if win else last.response_text})
+    return json.loads(json.dumps({"task_id": task.task_id, "key": key, "family": family, "unscored": None,
+                                  "rows": rows}, default=str))
+
+
+_OUTCOME_FIELDS = tuple(f.name for f in dataclasses.fields(SampleOutcome))
+
+
+def _outcome(row: dict[str, Any]) -> SampleOutcome:
+    return SampleOutcome(**{k: row[k] for k in _OUTCOME_FIELDS})
+
+
+async def _run_groups(agent, tasks, groups_in_flight: int, bar, on_group=None) -> list:
+    """Each task's group, ``on_group(task, group)`` called as each finishes (to keep it before the rest are done)."""
     from megatron_rl.rollout.agent import RolloutRequest
 
     sem = asyncio.Semaphore(groups_in_flight)
@@ -411,6 +656,8 @@ async def _run_groups(agent, tasks, groups_in_flight: int, bar) -> list:
     async def one(task):
         async with sem:
             g = await agent.run_group(RolloutRequest(task=task, group_id=task.task_id))
+        if on_group is not None:
+            on_group(task, g)
         bar.update(1)
         return g
 
@@ -418,6 +665,30 @@ async def _run_groups(agent, tasks, groups_in_flight: int, bar) -> list:
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    """Check the inputs, continue an unfinished run in ``--out`` (`Progress`), run the rest, write the reports. Ctrl-C
+    once the progress file is set up raises `Interrupted`, which says how many finished tasks it keeps."""
+    t0 = time.perf_counter()
+    groups_by_precision, vcfgs, located = _preflight(cfg)   # nothing loaded or written before the inputs are checked
+    tasks = [t for group in groups_by_precision.values() for t in group]
+    out = Path(cfg.out).expanduser()
+    keys = {t.task_id: _task_key(t, precision) for precision, group in groups_by_precision.items() for t in group}
+    # an unfinished run's file in --out made with other settings is refused here, before anything is written
+    progress = Progress.load(out, _fingerprint(cfg, located), keys, cfg.fresh)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {cfg.out}: cannot create the folder: {e.strerror or e}") from None
+    try:
+        return _evaluate(cfg, out, tasks, groups_by_precision, vcfgs, keys, progress, t0)
+    except KeyboardInterrupt:
+        raise Interrupted(len(progress.records), progress.path) from None
+    finally:
+        progress.close()
+
+
+def _evaluate(cfg: EvalConfig, out: Path, tasks: list, groups_by_precision: dict[str, list], vcfgs: dict,
+              keys: dict[str, str], progress: Progress, t0: float) -> dict[str, Any]:
+    """The run proper: the tasks ``progress`` does not hold yet, then the reports from every task's record."""
     import contextlib
 
     import torch
@@ -433,14 +704,6 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     from megatron_rl.tokenizer import load_tokenizer
     from verifier.farm import FarmConfig, VerifierFarm
 
-    t0 = time.perf_counter()
-    groups_by_precision, vcfgs = _preflight(cfg)     # nothing is loaded or written before the inputs are checked
-    tasks = [t for group in groups_by_precision.values() for t in group]
-    out = Path(cfg.out).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {cfg.out}: cannot create the folder: {e.strerror or e}") from None
     model_dir = resolve_model(cfg.model, out, cfg.progress)
     hf_cfg = _model_config(model_dir)
     tok_path = cfg.tokenizer or (model_dir if (Path(model_dir) / "tokenizer.json").is_file() else "qwen3-offline")
@@ -455,12 +718,17 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     ctx = int(hf_cfg.get("max_position_embeddings") or 32768)
     max_ctx = min(cfg.max_context_tokens or ctx - 1, ctx - 1)
     max_batch = max(8, min(cfg.samples * len(tasks), 128))
+    todo = {precision: [t for t in group if t.task_id not in progress.records]
+            for precision, group in groups_by_precision.items()}
+    todo = {precision: group for precision, group in todo.items() if group}
 
-    async def run_all(url: str, bar) -> list:
+    def keep(task, g) -> None:
+        progress.add(_group_record(task, g, keys[task.task_id]))
+
+    async def run_all(url: str, bar) -> None:
         engines = EngineManager([HttpEngine(url, name="engine-0")])
-        results: list = []
         try:
-            for precision, group in groups_by_precision.items():   # the farm verifies at one precision
+            for precision, group in todo.items():   # the farm verifies at one precision
                 vcfg = vcfgs[precision]
                 farm = VerifierFarm(vcfg, FarmConfig(compile_workers=cfg.compile_workers,
                                                      result_cache_path=cfg.result_cache))
@@ -472,31 +740,36 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
                         sampling=SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                                                 max_new_tokens=cfg.max_new_tokens),
                         max_prompt_tokens=None, max_context_tokens=max_ctx, seed=cfg.seed))
-                    results += await _run_groups(agent, group, max(1, cfg.concurrency // cfg.samples), bar)
+                    await _run_groups(agent, group, max(1, cfg.concurrency // cfg.samples), bar, keep)
                     done = True
                 finally:
                     farm.close(drain=done)
         finally:
             await engines.close()
-        return results
 
     log_dir = out / "engine_logs"
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(serve_embedded(model_dir, device=device, seed=cfg.seed, max_batch_size=max_batch,
-                                                     threads=cfg.engine_threads, log_dir=str(log_dir)))
-        except ServerLaunchError as e:
-            raise EvalError(f"--model {model_dir}: the inference engine did not start: {_launch_problem(e)} "
-                            f"(log: {log_dir})") from None
-        bar = tqdm(total=len(tasks), desc="evaluate", unit="task", file=sys.stderr, disable=not cfg.progress,
-                   dynamic_ncols=True)
-        try:
-            results = asyncio.run(run_all(url, bar))
-        except EngineError as e:
-            raise EvalError(f"the inference engine failed: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
-                            f"(log: {log_dir})") from None
-    bar.close()
-    return _write(cfg, out, tasks, results, model_dir, tok_path, time.perf_counter() - t0)
+    if todo:    # a run stopped after its last task (while writing the reports) needs no engine
+        with contextlib.ExitStack() as stack:
+            try:
+                url = stack.enter_context(serve_embedded(model_dir, device=device, seed=cfg.seed,
+                                                         max_batch_size=max_batch, threads=cfg.engine_threads,
+                                                         log_dir=str(log_dir)))
+            except ServerLaunchError as e:
+                raise EvalError(f"--model {model_dir}: the inference engine did not start: {_launch_problem(e)} "
+                                f"(log: {log_dir}){progress.note()}") from None
+            bar = tqdm(total=len(tasks), initial=len(progress.records), desc="evaluate", unit="task", file=sys.stderr,
+                       disable=not cfg.progress, dynamic_ncols=True)
+            try:
+                asyncio.run(run_all(url, bar))
+            except EngineError as e:
+                raise EvalError(f"the inference engine failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                                f" (log: {log_dir}){progress.note()}") from None
+            finally:
+                bar.close()
+    summary = _write(cfg, out, tasks, [], model_dir, tok_path, time.perf_counter() - t0, records=progress.records,
+                     resumed=progress.resumed)
+    progress.finish()
+    return summary
 
 
 class EvalError(RuntimeError):
@@ -524,46 +797,38 @@ def _model_config(model_dir: str) -> dict[str, Any]:
     return text if isinstance(text, dict) else raw
 
 
-def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: str, seconds: float) -> dict:
+def _write(cfg: EvalConfig, out: Path, tasks, groups, model_dir: str, tok_path: str, seconds: float,
+           records: dict[str, dict] | None = None, resumed: int = 0) -> dict:
+    """The reports from finished ``groups`` and `Progress` ``records`` (task_id -> `_group_record`), in task order;
+    ``resumed`` of them came from an earlier, stopped run."""
     from megatron_rl.fsutil import write_text_atomic
 
     by_id = {t.task_id: t for t in tasks}
-    families: dict[str, str] = {}
+    records = dict(records or {})
+    for g in groups:
+        task = by_id[g.request.task.task_id]
+        records[task.task_id] = _group_record(task, g)
     outcomes: list[SampleOutcome] = []
     rows: list[str] = []
     unscored = {}
-    for g in groups:
-        task = by_id[g.request.task.task_id]
-        if not g.ok:
-            unscored[task.task_id] = f"{g.status}: {g.error[:300]}"
+    for task in tasks:
+        r = records.get(task.task_id)
+        if r is None:
+            continue
+        if r["unscored"] is not None:
+            unscored[task.task_id] = r["unscored"]
             log.warning("task %s not scored: %s", task.task_id, unscored[task.task_id])
             continue
-        if task.task_id not in families:   # KernelBench's tasks are classified by a meta-tensor run: once each
-            families[task.task_id] = _family(task)
-        family = families[task.task_id]
-        for tr in g.trajectories:
-            win = next((t for t in tr.turns if t.verdict.passed), None)
-            last = tr.turns[-1]
-            o = SampleOutcome(task_id=task.task_id, level=task.level, family=family, passed=win is not None,
-                              first_turn_passed=tr.turns[0].verdict.passed,
-                              speedup=win.verdict.speedup if win else None,
-                              speedup_compile=win.verdict.speedup_compile if win else None,
-                              turns=len(tr.turns), category=(win or last).verdict.category.value)
-            outcomes.append(o)
-            rows.append(json.dumps({
-                **dataclasses.asdict(o), "sample_index": tr.sample_index,
-                "turn_verdicts": [{"turn": t.turn, "category": t.verdict.category.value, "q": t.verdict.q,
-                                   "speedup": t.verdict.speedup, "speedup_compile": t.verdict.speedup_compile,
-                                   "feedback": t.verdict.feedback[:500], "response_tokens": len(t.response_ids),
-                                   "finish_reason": t.finish_reason} for t in tr.turns],
-                "response": win.response_text if win else last.response_text}, default=str))
+        for row in r["rows"]:
+            outcomes.append(_outcome(row))
+            rows.append(json.dumps(row, default=str))
     ks = sorted({*cfg.pass_k, cfg.samples})
     summary = {"model": model_dir, "label": cfg.label, "tokenizer": tok_path, "tasks_dir": cfg.tasks,
                "backend": cfg.backend, "samples": cfg.samples, "turns": cfg.turns, "temperature": cfg.temperature,
                "pass_k": ks, "tasks": len(tasks), "scored_tasks": len(tasks) - len(unscored), "unscored": unscored,
                "size_profile": cfg.size_profile,
                "resized": {t.task_id: t.meta["resized"] for t in tasks if t.meta.get("resized")},
-               **summarize(outcomes, ks), "wall_seconds": round(seconds, 2)}
+               **summarize(outcomes, ks), "wall_seconds": round(seconds, 2), "resumed_tasks": resumed}
     write_text_atomic(out / "results.jsonl", "\n".join(rows) + ("\n" if rows else ""))
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     write_text_atomic(out / "report.md", markdown_report(summary))
@@ -728,6 +993,9 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
     p.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine on a CPU")
     p.add_argument("--label", default=None, help="name of the model in the reports")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--fresh", action="store_true",
+                   help=f"start over: move an unfinished run's OUT/{PROGRESS_FILE} aside instead of continuing it "
+                        f"(without it the same command continues; other settings are refused)")
     a = p.parse_args(argv)
     return EvalConfig(model=a.model, tasks=a.tasks, out=a.out, samples=a.samples, turns=a.turns, backend=a.backend,
                       temperature=a.temperature, top_p=a.top_p, max_new_tokens=a.max_new_tokens,
@@ -736,7 +1004,8 @@ def parse_args(argv: list[str] | None) -> EvalConfig:
                       timing_trials=a.timing_trials, precision=a.precision, cache=a.cache,
                       result_cache=a.result_cache, compile_workers=a.compile_workers, device=a.device,
                       size_profile=a.size_profile, seed=a.seed, concurrency=a.concurrency,
-                      engine_threads=a.engine_threads, label=a.label, progress=not a.no_progress)
+                      engine_threads=a.engine_threads, label=a.label, progress=not a.no_progress,
+                      fresh=a.fresh)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -750,9 +1019,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, ValueError, FileNotFoundError, EvalError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:   # the reports are written at the end, whole: OUT holds the last finished run's
-        print(f"interrupted: nothing written to {cfg.out}'s results or reports (a previous run's are as they were); "
-              f"--result-cache FILE keeps verdicts across runs", file=sys.stderr)
+    except Interrupted as e:    # the reports are written at the end, whole; finished tasks are in the progress file
+        if e.kept:
+            print(f"interrupted: {e.kept} tasks finished are kept in {e.path}; run the same command to continue "
+                  f"(the reports are written when every task is done)", file=sys.stderr)
+        else:
+            print(f"interrupted: nothing written to {cfg.out}'s results or reports (a previous run's are as they "
+                  f"were): no task had finished", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:   # before --out was touched
+        print(f"interrupted: nothing written to {cfg.out}'s results or reports (a previous run's are as they were)",
+              file=sys.stderr)
         return 130
     o = summary["overall"]
     n = summary["samples"]
