@@ -15,7 +15,7 @@ import torch
 from megatron_rl.fsutil import write_text_atomic
 
 from .base import BridgeError
-from .hf_state import SINGLE_NAME, HFCheckpointError, LazyHFState
+from .hf_state import INDEX_NAME, SINGLE_NAME, HFCheckpointError, LazyHFState
 from .registry import bridge_names, get_bridge
 
 
@@ -82,18 +82,34 @@ def check_architectures(hf_config, where) -> None:
                                 f"model_type={hf_config.model_type!r}; expected {expected}")
 
 
-def _tie_flag_hint(cfg, missing: list[str]) -> str:
-    """Why an output layer may be missing: a multimodal config whose top-level ``tie_word_embeddings`` says tied
-    (its class saved no lm_head) while ``text_config``'s, which the language model reads, says untied."""
+def _tie_flag_hint(cfg, missing: list[str], bridge, names) -> str:
+    """Why an output layer or embedding may be missing: a multimodal config whose top-level ``tie_word_embeddings``
+    says tied (its class saved no lm_head) while ``text_config``'s, which the language model reads, says untied; a
+    config that says untied over a checkpoint saved tied; a tied checkpoint that stores the shared matrix only as its
+    copy (``lm_head.weight``)."""
+    copies = [(dup, orig) for dup, orig in bridge.duplicate_hf_names().items() if orig in missing and dup in names]
+    if copies:
+        dup, orig = copies[0]
+        return (f"; the checkpoint holds {dup!r}, the tied copy of {orig!r} ({_tie_field(cfg)}=true), but not {orig!r} "
+                f"itself: store the matrix under {orig!r}")
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    if text is cfg or not any(n.endswith("lm_head.weight") for n in missing):
+    if not any(n.endswith("lm_head.weight") for n in missing):
         return ""
     top, inner = getattr(cfg, "tie_word_embeddings", None), getattr(text, "tie_word_embeddings", None)
-    if top and inner is False:
+    if text is not cfg and top and inner is False:
         return ("; tie_word_embeddings=true but text_config.tie_word_embeddings=false: the multimodal class ties "
                 "the output layer to the embedding and saved none, the language model reads text_config's flag; "
                 "set text_config.tie_word_embeddings to true")
+    if not inner:
+        return (f"; {_tie_field(cfg)}=false: an untied output layer is stored as 'lm_head.weight' (a model saved "
+                f"with tied embeddings has none: set {_tie_field(cfg)} to true)")
     return ""
+
+
+def _tie_field(cfg) -> str:
+    """The config.json field the language model reads ``tie_word_embeddings`` from."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return "tie_word_embeddings" if text is cfg else "text_config.tie_word_embeddings"
 
 
 #: files quantization tools write beside config.json, some of them instead of its ``quantization_config`` (NVIDIA
@@ -148,11 +164,14 @@ def check_hf_input(hf_dir: str, par):
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise HFCheckpointError(f"{hf_dir}: tensors missing for this config: {missing[:5]}{more}"
-                                f"{_tie_flag_hint(cfg, missing)}")
+                                f"{_tie_flag_hint(cfg, missing, bridge, state)}")
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        unlisted = [n for n in unexpected if n in state.unlisted]  # left in a shard, missing from the index
+        where = (f"; {unlisted[0]!r} is in {state.file_of(unlisted[0]).name}, which {INDEX_NAME} does not list"
+                 if unlisted else "")
         raise HFCheckpointError(f"{hf_dir}: tensors this {bridge.name} config does not use: "
-                                f"{unexpected[:5]}{more}")
+                                f"{unexpected[:5]}{more}{where}")
     bad = bridge.check_hf_tensors(state)
     if bad:
         more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
@@ -160,8 +179,19 @@ def check_hf_input(hf_dir: str, par):
     for dup, orig in bridge.duplicate_hf_names().items():
         if dup in state and not torch.equal(state.read(dup), state.read(orig)):
             raise HFCheckpointError(f"{state.file_of(dup)}: {dup!r} differs from {orig!r}, but config.json "
-                                    f"ties them (tie_word_embeddings=true)")
+                                    f"ties them ({_tie_flag(cfg)})")
     return cfg, bridge, state
+
+
+def _tie_flag(cfg) -> str:
+    """The config.json field that ties the output layer to the embedding: ``text_config``'s in a multimodal config
+    (the language model reads it), named with the top-level flag when that one says untied."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if text is not cfg and getattr(cfg, "tie_word_embeddings", None) is False:
+        return ("text_config.tie_word_embeddings=true, while the top-level tie_word_embeddings=false: the "
+                "multimodal class keeps the stored lm_head.weight, the language model reads text_config's flag; "
+                "set text_config.tie_word_embeddings to false")
+    return f"{_tie_field(cfg)}=true"
 
 
 #: file in a checkpoint's HF assets holding the HF tensors the Megatron model does not hold (a vision tower,

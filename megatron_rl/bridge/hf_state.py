@@ -83,6 +83,10 @@ class LazyHFState:
                 raise HFCheckpointError(f"{index}: not a valid safetensors index ({e})") from None
             if not declared:
                 raise HFCheckpointError(f"{index}: its weight_map is empty (it names no tensors)")
+            bad = next((n for n, f in declared.items() if not (isinstance(f, str) and f)), None)
+            if bad is not None:
+                raise HFCheckpointError(f"{index}: weight_map[{bad!r}] is {declared[bad]!r}, not a safetensors "
+                                        f"file name")
             files = sorted(set(declared.values()))
         else:
             files = sorted(p.name for p in self.path.glob("*.safetensors"))
@@ -108,10 +112,15 @@ class LazyHFState:
                 if n in self._where:
                     raise HFCheckpointError(f"{fp}: tensor {n!r} also appears in {self._where[n]}")
                 self._where[n] = f
+        #: tensors a shard holds that its index does not list (transformers loads them too)
+        self.unlisted: list[str] = []
         if declared is not None:
             for n, f in declared.items():
                 if self._where.get(n) != f:
-                    raise HFCheckpointError(f"{self.path / f}: {INDEX_NAME} lists {n!r} in it, but it is not there")
+                    elsewhere = f" (it is in {self._where[n]})" if n in self._where else ""
+                    raise HFCheckpointError(f"{self.path / f}: {INDEX_NAME} lists {n!r} in it, but it is not "
+                                            f"there{elsewhere}")
+            self.unlisted = sorted(n for n in self._where if n not in declared)
 
     def keys(self):
         return self._where.keys()
