@@ -185,7 +185,6 @@ def test_full_attention_interval_without_layer_types_is_read_as_transformers_rea
 
 
 def _hybrid_parity(names):
-    from ckpt_tools.forward import megatron_logits
     from megatron_rl.models import BuildOptions, build_model
     from megatron_rl.parallel import init_parallel
 
@@ -196,14 +195,7 @@ def _hybrid_parity(names):
         hf = tiny_qwen3_5.tiny_model(cfg, seed=3)
         chunks = build_model(cfg, ParallelSizes(), BuildOptions(perform_initialization=False))
         get_bridge(cfg).load_hf_into(chunks, tiny_qwen3_5.hf_tensors(hf))
-        for c in chunks:
-            c.eval()
-        ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
-        got = megatron_logits(chunks, ids)[..., : cfg.vocab_size]
-        with torch.no_grad():
-            want = hf(ids, use_cache=False).logits
-        diff = (got - want).abs().max().item()
-        assert diff <= 1e-4, f"{name}: max logit diff {diff}"
+        tiny_qwen3_5.assert_megatron_matches_hf(chunks, hf, cfg.vocab_size, name)
 
 
 @pytest.mark.slow

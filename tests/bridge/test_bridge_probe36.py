@@ -193,9 +193,6 @@ TP2_HYBRIDS = {
 
 
 def _tp2_hybrid_parity(names):
-    import torch.distributed as dist
-
-    from ckpt_tools.forward import megatron_logits
     from megatron_rl.bridge import get_bridge
     from megatron_rl.models import BuildOptions, ParallelSizes, build_model
     from megatron_rl.parallel import init_parallel
@@ -211,17 +208,7 @@ def _tp2_hybrid_parity(names):
         chunks = build_model(cfg, ParallelSizes(2, 1), BuildOptions(perform_initialization=False))
         bridge = get_bridge(cfg)
         bridge.load_hf_into(chunks, ref)
-        for c in chunks:
-            c.eval()
-        ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
-        got = megatron_logits(chunks, ids)[..., : cfg.vocab_size]
-        with torch.no_grad():
-            want = hf(ids, use_cache=False).logits
-        diff = (got - want).abs().max().item()
-        assert diff <= 1e-4, f"{name}: max logit diff {diff} (rank {dist.get_rank()})"
-        exported = dict(bridge.export_hf(chunks))
-        assert sorted(exported) == sorted(ref)
-        assert all(torch.equal(exported[n], t) for n, t in ref.items()), name
+        tiny_qwen3_5.assert_megatron_matches_hf(chunks, hf, cfg.vocab_size, name, bridge, ref)
 
 
 @pytest.mark.slow

@@ -327,24 +327,6 @@ TP2_SHAPES = {
 }
 
 
-def _parity(chunks, bridge, hf, ref, cfg, what):
-    import torch.distributed as dist
-
-    from ckpt_tools.forward import megatron_logits
-
-    for c in chunks:
-        c.eval()
-    ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
-    got = megatron_logits(chunks, ids)[..., : cfg.vocab_size]
-    with torch.no_grad():
-        want = hf(ids, use_cache=False).logits
-    diff = (got - want).abs().max().item()
-    assert diff <= 1e-4, f"{what}: max logit diff {diff} (rank {dist.get_rank()})"
-    exported = dict(bridge.export_hf(chunks))
-    assert sorted(exported) == sorted(ref), what
-    assert all(torch.equal(exported[n], t) for n, t in ref.items()), what
-
-
 def _untuned_hybrids(names):
     from megatron_rl.models import BuildOptions, build_model
     from megatron_rl.parallel import init_parallel
@@ -359,7 +341,7 @@ def _untuned_hybrids(names):
         chunks = build_model(cfg, ParallelSizes(2, 1), opt)
         bridge = get_bridge(cfg)
         bridge.load_hf_into(chunks, ref)
-        _parity(chunks, bridge, hf, ref, cfg, name)
+        tiny_qwen3_5.assert_megatron_matches_hf(chunks, hf, cfg.vocab_size, name, bridge, ref)
     # six layers from the default interval (GDN x3, attention, GDN x2), tied: PP=2 gives each stage one pattern
     init_parallel(1, 2)
     cfg = tiny_qwen3_5.tiny_config(layers=6, tied=True)
@@ -369,7 +351,7 @@ def _untuned_hybrids(names):
     chunks = build_model(cfg, ParallelSizes(1, 2), opt)
     bridge = get_bridge(cfg)
     bridge.load_hf_into(chunks, ref)
-    _parity(chunks, bridge, hf, ref, cfg, "interval_4_of_6_layers_tied_pp2")
+    tiny_qwen3_5.assert_megatron_matches_hf(chunks, hf, cfg.vocab_size, "interval_4_of_6_layers_tied_pp2", bridge, ref)
 
 
 @pytest.mark.slow
