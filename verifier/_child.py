@@ -44,6 +44,10 @@ _ERR_TAIL = 4000
 
 
 _getframe = sys._getframe
+# Bytes of a timed reference tensor's storage that ``DeviceSession._check_reference`` compares: all of a smaller one,
+# this many at secret positions of a larger one (a check's cost follows the number of tensors, not their size)
+REFERENCE_SAMPLE_BYTES = 1 << 14
+
 # Every call of a model (correctness, ablation and hidden trials, warm-up, timed batches) starts at this Python stack
 # depth. A forward can measure its depth without any forbidden name (recursing until RecursionError, swallowed by a
 # context manager's __exit__): a trial's forward ran one frame shallower than a timed call's, so a candidate ran its
@@ -582,6 +586,7 @@ class DeviceSession:
         self.held = None                         # (outputs, ablation restores) of a trial run with "hold"
         self.handed: list[int] = []              # sealed output memfds sent to the parent (closed at the next request)
         self.ref_model = self.new_model = self.compiled_ref = None
+        self._ref_watch = None                   # the timed reference's tensors and veiled copies (_watch_reference)
         self.args: dict[str, list] = {}
         self.outputs: dict[str, object] = {}   # every output of the current timing trial stays alive
         self.last_cand: list = []
@@ -589,6 +594,7 @@ class DeviceSession:
         self.counter = 0
         self._tb = torch._C.TensorBase          # C methods: a candidate cannot replace them (torch.Tensor's it can)
         self._equal = torch.equal
+        self._xor, self._cat, self._index_select = torch.bitwise_xor, torch.cat, torch.index_select
         self.harness = self.state = None        # armed right before the candidate is imported
         self.findings: list[dict] = []          # integrity findings so far (every reply carries them)
         self.own_namespaces: set[str] = set()   # op namespaces the candidate's extensions registered
@@ -958,6 +964,104 @@ class DeviceSession:
                     return True
         return False
 
+    def _watch_reference(self) -> None:
+        """Record the timed reference's tensors (parameters, buffers, tensor attributes, the task module's tensors) as
+        it is built, before any candidate code runs again. Nothing the parent compares comes from that model (its
+        outputs are never checked), so native code that writes into its weights slows only the reference's timed
+        calls: the freed source model's memory is reused for it, and it holds the very values the candidate's
+        load_state_dict was handed (denormals written there made an x86 core's matmul ~100x slower).
+        ``_check_reference`` compares before the warm-up and before every timed batch.
+
+        Each storage's bytes (above ``REFERENCE_SAMPLE_BYTES``, that many at secret random positions) are kept XOR a
+        random mask: a record that holds none of its values, so code that finds the tensor by its values finds no
+        copy to rewrite along with it (a plain clone was found and rewritten too). Writes that could slow the
+        reference are seen: into 1e-3 of a tensor's entries (a matmul ~10 % slower) they are missed with a chance of
+        e^-16. The storages of one device are gathered and compared at once: one synchronisation per check, not one
+        per tensor (a level-3 model holds hundreds, and the check runs before each of ~240 timed batches)."""
+        torch, tb, storages = self.torch, self._tb, {}
+        values = list(vars(self.task).values())   # tensors the task module keeps (constants its forward reads)
+        for module in self.ref_model.modules():
+            values += list(module.state_dict(keep_vars=True).values()) + list(vars(module).values())
+        for v in values:
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if issubclass(type(t), tb) and tb.untyped_storage(t).nbytes():
+                    storages.setdefault(tb.untyped_storage(t).data_ptr(), t)
+        by_device: dict = {}
+        for t in storages.values():
+            by_device.setdefault(tb.untyped_storage(t).device, []).append(t)
+        self._ref_watch = [self._ref_record(device, tensors) for device, tensors in by_device.items()]
+
+    def _ref_record(self, device, tensors: list) -> dict:
+        torch, tb = self.torch, self._tb
+        gen = torch.Generator(device=device)
+        gen.seed()   # a secret: /dev/urandom
+        entries = []
+        for t in tensors:
+            n = tb.untyped_storage(t).nbytes()
+            idx = None
+            if n > REFERENCE_SAMPLE_BYTES:
+                idx = torch.randint(0, n, (REFERENCE_SAMPLE_BYTES,), generator=gen, device=device, dtype=torch.int64)
+            entries.append((t, n, idx))
+        record = {"device": device, "entries": entries}
+        raw = self._ref_bytes(record)
+        record["mask"] = torch.empty(raw.numel(), dtype=torch.uint8, device=device).random_(0, 256, generator=gen)
+        record["kept"] = self._xor(raw, record["mask"])
+        return record
+
+    def _ref_bytes(self, record: dict):
+        """The watched bytes of one device's storages now, in record order; None when a storage changed size."""
+        torch, tb = self.torch, self._tb
+        parts = []
+        for t, n, idx in record["entries"]:
+            storage = tb.untyped_storage(t)
+            if storage.nbytes() != n or storage.device != record["device"]:   # resized or swapped: no longer it
+                return None
+            raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            parts.append(raw if idx is None else self._index_select(raw, 0, idx))
+        return self._cat(parts)
+
+    def _check_reference(self, settle: bool = False) -> None:
+        """A ``reference_tampering`` finding when a watched tensor of the timed reference changed since it was built.
+        With ``settle`` (right after the reference's own warm-up calls, no candidate code in between): stop watching
+        what the reference changes itself (BatchNorm's running statistics in training mode)."""
+        if self._ref_watch is None:
+            return
+        changed = total = 0
+        for record in self._ref_watch:
+            total += len(record["entries"])
+            now = self._ref_bytes(record)
+            if now is not None and self._equal(self._xor(now, record["mask"]), record["kept"]):
+                continue
+            if not settle:
+                changed += self._ref_changed(record, now)
+                continue
+            record["entries"] = [e for e, same in zip(record["entries"], self._ref_same(record, now)) if same]
+            if record["entries"]:
+                raw = self._ref_bytes(record)
+                record["mask"] = record["mask"][:raw.numel()]
+                record["kept"] = self._xor(raw, record["mask"])
+        if settle:
+            self._ref_watch = [r for r in self._ref_watch if r["entries"]]
+        elif changed:
+            self._finding("reference_tampering", f"{changed} of the {total} weights and buffers of the reference "
+                                                 "timed in this process changed after it was built")
+
+    def _ref_same(self, record: dict, now) -> list[bool]:
+        """Per watched storage of ``record``: unchanged (the slow path, after a whole-record mismatch)."""
+        tb = self._tb
+        if now is None:
+            return [tb.untyped_storage(t).nbytes() == n and tb.untyped_storage(t).device == record["device"]
+                    for t, n, _ in record["entries"]]
+        same, at = [], 0
+        for _, n, idx in record["entries"]:
+            k = n if idx is None else idx.numel()
+            same.append(self._equal(self._xor(now[at:at + k], record["mask"][at:at + k]), record["kept"][at:at + k]))
+            at += k
+        return same
+
+    def _ref_changed(self, record: dict, now) -> int:
+        return max(1, self._ref_same(record, now).count(False))
+
     # -- requests ---------------------------------------------------------------------------------
     def construct(self, msg):
         from verifier import inputs
@@ -974,6 +1078,9 @@ class DeviceSession:
         del source, init
         self.ref_model = inputs.build_model(self.task.Model, inputs.make_init_inputs(self.task, seed, self.device),
                                             seed, self.device, self.precision)
+        # ... but not out of reach of native code: the source's freed memory is reused for it, holding the very values
+        # the candidate was handed (denormal weights written there made the timed reference ~5-100x slower)
+        self._watch_reference()
         return {"op": "constructed", "loaded_params": len(state["loaded"]), "unmatched": state["unmatched"][:20]}
 
     def trial(self, msg):
@@ -1074,6 +1181,7 @@ class DeviceSession:
             nbytes = timing.flush_bytes(self.backend, _Cfg(self.job), 0)
             self.flusher = timing.CacheFlusher(self.device, nbytes)
         self._full_check = True   # every op's kernels once more before timing; from now on the reference's ops
+        self._check_reference()   # untouched since it was built (the correctness trials ran the candidate)
         if msg.get("compile_ref") and self.compiled_ref is None:
             self.integrity()
             bg = self._bg_cpu_ms()
@@ -1102,6 +1210,8 @@ class DeviceSession:
                 times.append(ms)
                 output_bytes[runner] = self._nbytes(out)
                 del out
+            if runner == "ref":
+                self._check_reference(settle=True)
             est_ms[runner] = min(times)
             # the median call's dispatch (the first call's lazy set-up would size every spin to the cap)
             enqueue_ms = max(enqueue_ms, statistics.median(enqueues))
@@ -1154,6 +1264,7 @@ class DeviceSession:
         runner = msg["runner"]
         model = self._model(runner)
         calls = [(lambda a=a: model(*a)) for a in self.args[runner]]
+        self._check_reference()   # before either runner's batch (the same cost in both walls)
         self.integrity()   # restores global state the candidate changed: the reference runs as it should
         gc.disable()
         try:

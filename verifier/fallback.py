@@ -162,6 +162,8 @@ RUNTIME_RULES = {
     "background_work": "ran work on other threads (outside the measured call, or in parallel with it)",
     "host_compute": "computed on the host element by element instead of in a kernel",
     "no_native_kernel": "produced the output without calling its own compiled kernel",
+    "reference_tampering": "changed the weights or buffers of the reference timed in its process (a slower "
+                           "reference is no faster kernel)",
     # judged by the parent (verifier.evaluate): an ablation trial, and a precision probe of a correctness trial
     "decoy_kernel": "the output stays right when everything your kernels produced is overwritten: it comes from "
                     "elsewhere (allowed data-movement ops, a cache), not from your kernel",

@@ -61,7 +61,8 @@ _NUMBERS = {
                "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "userfaultfd": 323,
                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 250,
                "add_key": 248, "request_key": 249, "open_by_handle_at": 304, "name_to_handle_at": 303,
-               "unshare": 272, "clone": 56, "clone3": 435, "flock": 73, "fork": 57, "vfork": 58, "seccomp": 317},
+               "unshare": 272, "clone": 56, "clone3": 435, "flock": 73, "fork": 57, "vfork": 58, "seccomp": 317,
+               "execve": 59, "execveat": 322},
     "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "perf_event_open": 241, "bpf": 280,
                 "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
                 "kexec_file_load": 294, "syslog": 116, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
@@ -70,7 +71,7 @@ _NUMBERS = {
                 "open_tree": 428, "mount_setattr": 442, "userfaultfd": 282, "io_uring_setup": 425,
                 "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 219, "add_key": 217, "request_key": 218,
                 "open_by_handle_at": 265, "name_to_handle_at": 264, "unshare": 97, "clone": 220, "clone3": 435,
-                "flock": 32, "seccomp": 277},
+                "flock": 32, "seccomp": 277, "execve": 221, "execveat": 281},
 }
 
 
@@ -115,14 +116,17 @@ CLONE_THREAD = 0x00010000
 
 def no_processes_program(machine: str) -> bytes:
     """A second filter for a run child that needs no process of its own (``install_no_processes``): ``fork``,
-    ``vfork``, ``clone3`` and a ``clone`` without ``CLONE_THREAD`` answer ENOSYS; threads are still created."""
+    ``vfork``, ``clone3`` and a ``clone`` without ``CLONE_THREAD`` answer ENOSYS; threads are still created.
+    ``execve`` and ``execveat`` answer ENOSYS too: an exec keeps the pid, the descriptors (the result channel) and
+    the sandbox, so a program of the candidate's choice took the harness's place and answered the parent itself
+    (the timed reference slowed at will); with no fork, nothing honest here has a use for exec."""
     nums = _NUMBERS[machine]
     enosys = _SECCOMP_RET_ERRNO | errno.ENOSYS
     prog = [_insn(_LD_W_ABS, 0, 0, _ARCH), _insn(_JEQ_K, 1, 0, _AUDIT_ARCH[machine]),
             _insn(_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS), _insn(_LD_W_ABS, 0, 0, _NR)]
     if machine == "x86_64":
         prog += [_insn(_JGE_K, 0, 1, _X32_BIT), _insn(_RET_K, 0, 0, enosys)]
-    for name in ("fork", "vfork", "clone3"):
+    for name in ("fork", "vfork", "clone3", "execve", "execveat"):
         if name in nums:
             prog += [_insn(_JEQ_K, 0, 1, nums[name]), _insn(_RET_K, 0, 0, enosys)]
     # clone: allowed only with CLONE_THREAD in the low word of arg0 (its flags on both architectures)
@@ -140,10 +144,11 @@ def _fprog(code: bytes) -> tuple[ctypes.Array, _SockFprog]:
 
 
 def install_no_processes(libc=None) -> dict[str, Any]:
-    """Refuse new processes to every thread of the calling process from now on (``no_processes_program``; a
+    """Refuse new processes and exec to every thread of the calling process from now on (``no_processes_program``; a
     filter cannot be lifted). For a cpu run or build child, right before its candidate is imported: work done in a
     process of its own (forked, sharing memory through ``shmat``) is neither this process's CPU time nor inside
-    any timed span, so the background-work check could not see it. Never raises."""
+    any timed span, so the background-work check could not see it; a program exec'd in the child's place speaks
+    for it. Never raises."""
     machine = platform.machine()
     if machine not in _NUMBERS:
         return {"applied": False, "reason": f"no filter for architecture {machine!r}"}
