@@ -4,9 +4,10 @@
 
 From the SFT model, ``k`` responses per task are sampled (the embedded engine serving ``--model``, or any
 ``--endpoint``, through ``data_synth.distill``: same prompts, verifier farm and row format), and only the verified
-ones (parse, compile, correct, legal) are kept. Standard RFT would keep the best one per prompt; here the correct
-answers of each prompt are clustered into implementation strategies and the SFT targets are drawn across
-clusters, so training on them does not collapse the model onto one template before RL:
+ones (parse, compile, correct, legal) that the SFT trainer takes (no spelled control tokens: `untrainable`) are
+kept. Standard RFT would keep the best one per prompt; here the correct answers of each prompt are clustered into
+implementation strategies and the SFT targets are drawn across clusters, so training on them does not collapse the
+model onto one template before RL:
 
 * exact duplicates (same normalised code) are merged first;
 * a structural signature of the native code buckets the answers: kernels and launches, shared memory, warp
@@ -38,6 +39,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from megatron_rl.sft_data import check_messages
+from megatron_rl.tokenizer import QWEN3_ADDED_TOKENS
 
 from .decontam import canonical_tree, jaccard, minhash
 from .distill import DistillConfig, distill
@@ -76,7 +80,7 @@ def native_sources(code: str) -> list[str]:
     """The native source strings a candidate hands to ``load_inline`` (literals, or names bound to literals)."""
     try:
         tree = ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):   # too deep for the parser: no sources read
         return []
     bound: dict[str, list[str]] = {}
     for node in tree.body:
@@ -134,7 +138,9 @@ def python_tokens(code: str) -> list[str]:
     """Alpha-renamed Python tokens with every string literal (the native sources) as ``STR``."""
     try:
         text = ast.unparse(canonical_tree(code))
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # a verified answer may nest deeper than the recursive renaming and unparsing go (``x = a + a + ...`` of
+        # 2000 terms parses): its words still cluster it, where the RecursionError ended the whole command
         return code.split()
     out = []
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -237,15 +243,31 @@ class RFTConfig:
             raise DataSynthError(f"--jaccard must be in (0, 1], got {self.jaccard}")
 
 
+def untrainable(row: dict[str, Any]) -> str | None:
+    """Why ``python -m megatron_rl.sft`` would refuse ``row`` as far as that is known without its tokenizer, or None:
+    a transcript ``sft_data.check_messages`` rejects (a failed earlier answer that spelled ``<|im_end|>``), or a final
+    answer that spells one of Qwen3's added tokens other than the reasoning markers (the policy would be trained to
+    emit it). A verified answer may hold either in a comment or a string; drawn as a target it stopped the SFT load
+    (``on_error=raise``) or cost the prompt a target another cluster would have given."""
+    problem = check_messages(row.get("messages"))
+    if problem is not None:
+        return problem
+    answer = row["messages"][-1]["content"]
+    spelled = next((t for _, t, _ in QWEN3_ADDED_TOKENS if t not in ("<think>", "</think>") and t in answer), None)
+    return None if spelled is None else f"the answer holds the control token {spelled!r}"
+
+
 def select(pool_rows: Sequence[dict[str, Any]], cfg: RFTConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(target rows, report) from the sampled rows of every prompt (verified or not)."""
+    """(target rows, report) from the sampled rows of every prompt (verified or not). Verified rows the SFT trainer
+    would refuse (`untrainable`) are no targets; they are counted as ``refused``."""
     by_task: dict[str, list[dict[str, Any]]] = {}
     for r in pool_rows:
         by_task.setdefault(r["task_id"], []).append(r)
     targets: list[dict[str, Any]] = []
     prompts = []
     for task_id, rows in by_task.items():
-        verified = [r for r in rows if r.get("passed")]
+        passed = [r for r in rows if r.get("passed")]
+        verified = [r for r in passed if untrainable(r) is None]
         cands = [Candidate.from_row(r) for r in verified]
         clusters = cluster(cands, cfg.jaccard)
         rng = random.Random(f"{cfg.seed}/{task_id}")
@@ -258,6 +280,7 @@ def select(pool_rows: Sequence[dict[str, Any]], cfg: RFTConfig) -> tuple[list[di
                           "signature": dict(c.signature)}
             targets.append(row)
         prompts.append({"task_id": task_id, "samples": len(rows), "verified": len(cands),
+                        "refused": len(passed) - len(verified),
                         "distinct": len({c.norm_hash for c in cands}), "clusters_before": len(clusters),
                         "clusters_after": len({ci for ci, _ in picked}), "targets": len(picked),
                         "cluster_sizes": [len(c) for c in clusters]})
@@ -268,6 +291,7 @@ def select(pool_rows: Sequence[dict[str, Any]], cfg: RFTConfig) -> tuple[list[di
 
     report = {"prompts": len(prompts), "prompts_with_verified": len(with_pool),
               "samples": sum(p["samples"] for p in prompts), "verified": sum(p["verified"] for p in prompts),
+              "refused": sum(p["refused"] for p in prompts),
               "targets": len(targets), "clusters_per_prompt_before": mean("clusters_before"),
               "clusters_per_prompt_after": mean("clusters_after"),
               "clusters_per_prompt_best_of_k": 1.0 if with_pool else None,

@@ -2,7 +2,9 @@
 
 One function per outcome; each says what happened and the most useful evidence (compiler error lines,
 the first mismatching element, forbidden ops, timings). Notes (train-mode reference, MUSA warp size)
-are appended when space allows; the main message is never dropped for them.
+are appended when space allows; the main message is never dropped for them. The text is valid Unicode: a lone
+surrogate (a candidate's ``raise RuntimeError("\\ud800")`` comes back from the child's JSON as one) is escaped,
+as no tokenizer, chat template or UTF-8 writer takes it.
 """
 from __future__ import annotations
 
@@ -14,14 +16,25 @@ def bound(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     marker = "\n[...]\n"
+    if max_chars < 3 * len(marker):   # no room for head, marker and tail: the marker alone overran the bound
+        return text[:max_chars]
     head = max_chars * 2 // 3
     tail = max_chars - head - len(marker)
     return text[:head] + marker + (text[-tail:] if tail > 0 else "")
 
 
+def encodable(text: str) -> str:
+    """``text`` with lone surrogates written as ``\\udXXX`` escapes (the rest unchanged)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def compose(main: str, notes: Iterable[str], max_chars: int) -> str:
-    notes = [n for n in notes if n]
-    body = main.strip()
+    notes = [encodable(n) for n in notes if n]
+    body = encodable(main).strip()
     extra = "".join(f"\nNote: {n}" for n in notes)
     if len(body) + len(extra) <= max_chars:
         return body + extra

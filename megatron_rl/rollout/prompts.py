@@ -22,6 +22,8 @@ import functools
 import types
 from typing import Any, Iterable, Protocol, Sequence
 
+from verifier.feedback import encodable
+
 BACKENDS = ("cuda", "musa", "cpu")
 DEFAULT_SYSTEM_PROMPT = (
     "You are an expert in high-performance GPU and CPU kernel engineering. You write correct, fast native "
@@ -202,7 +204,10 @@ def tokenizer_control_tokens(tokenizer) -> dict[str, int]:
 
 
 def defuse_control_tokens(text: str, control_tokens: Iterable[str] = CONTROL_TOKENS) -> str:
-    """Break chat control strings in untrusted text so a tokenizer cannot read them as control tokens."""
+    """Break chat control strings in untrusted text so a tokenizer cannot read them as control tokens. Lone
+    surrogates (verifier feedback quoting a candidate's exception message) are escaped too: the chat template and the
+    tokenizer raise on them, which crashed the whole rollout batch from one trajectory's feedback."""
+    text = encodable(text)
     for tok in control_tokens:
         if tok in text:
             text = text.replace(tok, tok[0] + _ZWSP + tok[1:])
