@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import re
 import types
 from typing import Any, Iterable, Protocol, Sequence
 
@@ -252,6 +253,15 @@ _RULES = (
     "`load_inline(...)` call with the kernel source, and `class ModelNew`.")
 
 
+def fenced(code: str, lang: str = "python") -> str:
+    """``code`` in a markdown fence longer than any run of backticks inside it (CommonMark's rule): a failed attempt
+    whose docstring holds a ```` ``` ```` line ended the usual three-backtick block early, and the rest of the attempt
+    read as prompt text. Code without backticks gets the usual fence, so prompts stay as before."""
+    longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{code}\n{fence}"
+
+
 def task_prompt_text(task: TaskLike, backend: str, metadata: InputMetadata | None = None) -> str:
     """The user message of a first turn."""
     if metadata is None:
@@ -259,7 +269,7 @@ def task_prompt_text(task: TaskLike, backend: str, metadata: InputMetadata | Non
     source = defuse_control_tokens(task.source.rstrip())
     return (
         f"Write an optimized native-kernel implementation of the PyTorch reference below (task {task.task_id}).\n\n"
-        f"Reference (`Model`):\n```python\n{source}\n```\n\n"
+        f"Reference (`Model`):\n{fenced(source)}\n\n"
         f"{metadata.describe()}\n\n"
         f"{backend_instructions(backend)}\n\n"
         f"{_RULES}")
@@ -303,7 +313,7 @@ def repair_messages(task: TaskLike, backend: str, failed_code: str, category: st
     err = defuse_control_tokens(error.strip()) or "(no details)"
     text = (
         f"{task_prompt_text(task, backend, metadata)}\n\n"
-        f"A previous attempt at this task failed verification.\n```python\n{code}\n```\n"
+        f"A previous attempt at this task failed verification.\n{fenced(code)}\n"
         f"Verdict: {category}\nVerifier feedback:\n{err}\n\n"
         "Find the cause, fix it, and answer with the complete corrected module in one ```python code block.")
     msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []

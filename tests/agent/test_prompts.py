@@ -113,3 +113,20 @@ def test_feedback_text_mentions_verdict():
     assert "correctness_error" in text and "40%" in text and "max abs diff 3.2" in text
     msgs = prompts.initial_messages(FakeTask("t", DEVICE_TASK), "cpu", system_prompt=None)
     assert [m["role"] for m in msgs] == ["user"]
+
+
+def test_code_holding_a_fence_gets_a_longer_one_and_plain_code_the_usual():
+    """A failed attempt whose docstring holds a ``` line ended the three-backtick block early in the repair prompt;
+    the fence now outgrows any backtick run inside, and code without one is fenced as before (prompts unchanged)."""
+    from verifier.extract import extract_candidate
+
+    attempt = 'class ModelNew:\n    """Usage:\n    ```python\n    m = ModelNew()\n    ```\n    """\n    x = 1'
+    text = prompts.repair_messages(FakeTask("t", "x = 1\n"), "cpu", failed_code=attempt, category="compile_error",
+                                   error="boom")[-1]["content"]
+    assert "````python\n" + attempt + "\n````\n" in text
+    # read back as markdown (the verifier's own extraction of the one block): the whole attempt, not its first half
+    block = text.split("A previous attempt at this task failed verification.\n", 1)[1].split("\nVerdict:", 1)[0]
+    assert extract_candidate(block, max_bytes=1 << 20).rstrip("\n") == attempt
+    plain = prompts.task_prompt_text(FakeTask("t", "x = 1  # `x` is one\n"), "cpu")
+    assert "Reference (`Model`):\n```python\nx = 1  # `x` is one\n```\n" in plain
+    assert prompts.fenced("a ``` b ````` c") == "``````python\na ``` b ````` c\n``````"
