@@ -412,11 +412,17 @@ class Fingerprint:
 
 
 def fingerprint(source: str, with_shapes: bool = True) -> Fingerprint:
-    """All three layers' keys of one task source. Raises ``SyntaxError`` for a file that does not parse."""
-    sh = shingle_hashes(source)
-    return Fingerprint(hash=normalized_hash(source), opsig=op_signature(source),
-                       shape_key=shape_key(source) if with_shapes else None, const_key=constants_key(source),
-                       minhash=minhash(sh), shingles=sh)
+    """All three layers' keys of one task source. Raises ``SyntaxError`` for a file that does not parse, and for one
+    the recursive analyses cannot take (nested past the interpreter's recursion limit, NUL bytes): every caller names
+    the file on a SyntaxError, where the RecursionError ended the command with a traceback."""
+    try:
+        sh = shingle_hashes(source)
+        return Fingerprint(hash=normalized_hash(source), opsig=op_signature(source),
+                           shape_key=shape_key(source) if with_shapes else None, const_key=constants_key(source),
+                           minhash=minhash(sh), shingles=sh)
+    except (RecursionError, MemoryError, ValueError) as e:
+        reason = "nested too deeply to analyse" if isinstance(e, (RecursionError, MemoryError)) else str(e)
+        raise SyntaxError(reason) from None
 
 
 @dataclasses.dataclass

@@ -112,3 +112,15 @@ def test_cli_decontaminate_drops_copies_with_a_report(tmp_path, stage_sets, caps
     assert rows["level1/99_copy"]["dropped"] and "18_RMSNorm" in rows["level1/99_copy"]["reason"]
     assert rows["level1/98_dup"]["dropped"] and rows["level1/98_dup"]["layer"] == "exact"
     assert sorted(t.task_id for t in read_task_set(str(out))) == sorted(f"level1/{t.task_id}" for t in tasks[:3])
+
+
+@pytest.mark.parametrize("source,reason", [
+    ("import torch\nx = " + "+".join(["a"] * 4000) + "\n", "nested too deeply"),
+    ("import torch\nx = " + "(" * 300 + "1" + ")" * 300 + "\n", ""),
+    ("x = 1\0\n", "null bytes"),
+])
+def test_a_reference_the_analyses_cannot_take_is_named_not_a_traceback(source, reason):
+    """An --against set's file nested past the recursion limit (or holding NUL bytes) stopped decontamination with a
+    RecursionError traceback; it is now refused as not parsing, naming the file."""
+    with pytest.raises(cli.DataSynthError, match=f"reference mine: deep.py does not parse: .*{reason}"):
+        Reference.from_sources("mine", [("deep.py", source)])
