@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     for name, (model, x) in models.items():
         s = _session(model, device)
         (record,) = s._ref_watch
-        tensors = [t for t, _, _ in record["entries"]]
+        tensors = [t for t, *_ in record["entries"]]
         x = x.to(device)
         with torch.no_grad():
             rows[name] = {"tensors": len(tensors), "bytes_compared": record["kept"].numel(),

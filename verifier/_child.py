@@ -997,11 +997,15 @@ class DeviceSession:
         gen.seed()   # a secret: /dev/urandom
         entries = []
         for t in tensors:
-            n = tb.untyped_storage(t).nbytes()
+            storage = tb.untyped_storage(t)
+            n = storage.nbytes()
             idx = None
             if n > REFERENCE_SAMPLE_BYTES:
                 idx = torch.randint(0, n, (REFERENCE_SAMPLE_BYTES,), generator=gen, device=device, dtype=torch.int64)
-            entries.append((t, n, idx))
+            # a byte view of the storage made once (a view per check was most of a check's cost for small tensors);
+            # the storage's address, read each check, tells when the tensor was given another one
+            raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+            entries.append((t, n, idx, raw, storage.data_ptr()))
         record = {"device": device, "entries": entries}
         raw = self._ref_bytes(record)
         record["mask"] = torch.empty(raw.numel(), dtype=torch.uint8, device=device).random_(0, 256, generator=gen)
@@ -1009,14 +1013,13 @@ class DeviceSession:
         return record
 
     def _ref_bytes(self, record: dict):
-        """The watched bytes of one device's storages now, in record order; None when a storage changed size."""
-        torch, tb = self.torch, self._tb
-        parts = []
-        for t, n, idx in record["entries"]:
+        """The watched bytes of one device's storages now, in record order; None when a tensor was given another
+        storage (or its storage was resized)."""
+        tb, parts = self._tb, []
+        for t, n, idx, raw, ptr in record["entries"]:
             storage = tb.untyped_storage(t)
-            if storage.nbytes() != n or storage.device != record["device"]:   # resized or swapped: no longer it
+            if storage.data_ptr() != ptr or storage.nbytes() != n:
                 return None
-            raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
             parts.append(raw if idx is None else self._index_select(raw, 0, idx))
         return self._cat(parts)
 
@@ -1050,10 +1053,10 @@ class DeviceSession:
         """Per watched storage of ``record``: unchanged (the slow path, after a whole-record mismatch)."""
         tb = self._tb
         if now is None:
-            return [tb.untyped_storage(t).nbytes() == n and tb.untyped_storage(t).device == record["device"]
-                    for t, n, _ in record["entries"]]
+            return [tb.untyped_storage(t).data_ptr() == ptr and tb.untyped_storage(t).nbytes() == n
+                    for t, n, _, _, ptr in record["entries"]]
         same, at = [], 0
-        for _, n, idx in record["entries"]:
+        for _, n, idx, _, _ in record["entries"]:
             k = n if idx is None else idx.numel()
             same.append(self._equal(self._xor(now[at:at + k], record["mask"][at:at + k]), record["kept"][at:at + k]))
             at += k

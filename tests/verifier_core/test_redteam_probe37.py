@@ -380,7 +380,7 @@ def test_the_reference_record_holds_no_copy_and_sees_writes_into_a_large_tensor(
     (record,) = session._ref_watch                            # one device: one record
     assert len(record["entries"]) == 5                        # four parameters and the task's constant
     big, small = session.ref_model[0].weight, session.ref_model[1].bias
-    sizes = {t.data_ptr(): (n if idx is None else idx.numel()) for t, n, idx in record["entries"]}
+    sizes = {t.data_ptr(): (n if idx is None else idx.numel()) for t, n, idx, _, _ in record["entries"]}
     assert sizes[big.data_ptr()] == REFERENCE_SAMPLE_BYTES and sizes[small.data_ptr()] == small.numel() * 4
     assert record["kept"].numel() == sum(sizes.values())
     raw = session._ref_bytes(record)
