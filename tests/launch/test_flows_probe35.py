@@ -261,8 +261,9 @@ def test_a_requeued_slurm_job_passes_auto_resume(tmp_path):
 
     def submitted(restarts: str, *args: str) -> str:
         env = {**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_RESTART_COUNT": restarts}
+        # slurm starts the batch script in the submit dir (no --chdir)
         out = subprocess.run(["bash", str(tmp_path / "launch" / "slurm_train.sbatch"), *args], env=env,
-                             capture_output=True, text=True, check=True).stdout
+                             cwd=tmp_path, capture_output=True, text=True, check=True).stdout
         return next(line for line in out.splitlines() if line.startswith("ARGS: "))
 
     assert submitted("0", "--config", "c.yaml") == "ARGS: python -m megatron_rl.train --config c.yaml"
