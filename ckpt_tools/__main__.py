@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as e:   # a write of the parent's share (config, assets) on a full or read-only disk
+        from megatron_rl.fsutil import describe_os_error
+
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -3,7 +3,7 @@
 `run_ranks` turns a failure on any rank into one readable `ToolError` (the last line of that
 rank's traceback, e.g. ``BridgeError: model.layers.0.self_attn.q_proj.weight: ...``).
 `staged_output` guarantees that a failed command leaves no output directory behind: work happens
-in a hidden sibling temp dir that is renamed into place only on success.
+in a hidden sibling temp dir that is renamed into place only on success, under the output's lock.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator
+
+from megatron_rl.fsutil import OutputBusyError, output_lock, write_problem
 
 
 class ToolError(RuntimeError):
@@ -46,8 +48,10 @@ def run_ranks(fn: Callable, world_size: int, *args) -> None:
 def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp dir next to `out_dir`; on success rename it to `out_dir`, else delete it.
 
-    Refuses an existing non-empty `out_dir`. Parent directories created here are removed again
-    on failure.
+    Refuses an existing non-empty `out_dir`, and one that another conversion is writing (`output_lock`: the second
+    of two conversions into one output stopped only at its final rename, its work lost). A failed write is named
+    with what the disk says (a full one: "No space left on device", which safetensors reports without the path).
+    Parent directories created here are removed again on failure.
     """
     out = Path(out_dir).absolute()
     if out.is_symlink():
@@ -70,25 +74,35 @@ def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
         created.append(p)
         p = p.parent
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    lock = contextlib.ExitStack()
     try:
         for d in reversed(created):
             d.mkdir()
+        lock.enter_context(output_lock(out, "conversion"))
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-    except OSError as e:
+    except (OSError, OutputBusyError) as e:
+        lock.close()
         for d in created:
             with contextlib.suppress(OSError):
                 d.rmdir()
-        raise ToolError(f"cannot create the output next to {out}: {e}") from None
+        raise ToolError(f"cannot create the output next to {out}: {e}" if isinstance(e, OSError) else str(e)) from None
     try:
-        yield tmp
-        try:
-            if out.exists():
-                out.rmdir()  # empty when checked above; not if another run filled it meanwhile
-            os.replace(tmp, out)
-        except OSError as e:
-            raise ToolError(f"cannot move the finished output into place at {out}: {e}") from None
+        with lock:
+            try:
+                yield tmp
+            except Exception as e:
+                problem = write_problem(tmp)   # while the partial output still fills the disk
+                if problem is None:
+                    raise
+                raise ToolError(f"writing {out}: {problem.strerror} (nothing was written; {e})") from e
+            try:
+                if out.exists():
+                    out.rmdir()  # empty when checked above; not if another run filled it meanwhile
+                os.replace(tmp, out)
+            except OSError as e:
+                raise ToolError(f"cannot move the finished output into place at {out}: {e}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for d in created:

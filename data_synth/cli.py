@@ -2,8 +2,8 @@
 
 Every command is seeded, shows progress bars on stderr (``--no-progress`` turns them off), writes its outputs
 beside their destination and renames them into place, and prints one JSON summary as its last stdout line.
-Exit codes: 0 done; 2 bad input (the message names the file, row or value); 3 the work could not run
-(e.g. the verifier farm did not start).
+Exit codes: 0 done; 2 bad input (the message names the file, row or value), or an output another run is writing;
+3 the work could not run (e.g. the verifier farm did not start, or the disk is full).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from megatron_rl.fsutil import OutputBusyError, describe_os_error
 from verifier.samples import output_file_problem
 
 from .decontam import DEFAULT_THRESHOLD, Decontaminator
@@ -376,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.time()
     try:
         summary = COMMANDS[args.command](args)
-    except (DataSynthError, EndpointError) as e:
+    except (DataSynthError, EndpointError, OutputBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -386,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as e:   # a full disk or a read-only folder while writing: one line naming the file
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return EXIT_FAILED
     summary["command"] = args.command
     summary["wall_seconds"] = round(time.time() - t0, 2)

@@ -15,7 +15,8 @@ Nothing is written for an unreachable endpoint (the error names the URL and what
 appended to ``OUT.partial`` (kept or not, with its verdicts), and the kept rows are written to ``OUT``, in task order,
 at the end. A run that was stopped (Ctrl-C, a kill, a lost node) leaves its finished samples in ``OUT.partial`` (and,
 stopped twice, ``OUT.partial.resume``); run the same command again and they are reused (each only where the teacher,
-the sampling and verifier settings and the task's prompt are the same, and its verification was not infra).
+the sampling and verifier settings and the task's prompt are the same, and its verification was not infra). One run
+writes an OUT at a time: a second one is refused while the first runs (`megatron_rl.fsutil.output_lock`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from urllib.parse import urlparse
 
 from tqdm import tqdm
 
+from megatron_rl.fsutil import named_os_error, output_lock
 from megatron_rl.rollout.agent import ConversationCodec, farm_verify_fn
 from megatron_rl.rollout.client import EngineClient, EngineError
 from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, feedback_text, initial_messages
@@ -414,8 +416,13 @@ async def _run(tasks: Sequence[GeneratedTask], teacher: _Teacher, farm: Verifier
                 row = await _sample(t, k, teacher, verify, cfg, vtasks[t.task_id])
         results[idx] = row
         if row is not None:   # every finished sample, kept or not, so a rerun need not redo it
-            writer.append({**{n: v for n, v in row.items() if not n.startswith("_")}, "_resume_key": key,
-                           "_verify_results": [v.to_dict() for v in row["_verify_results"]]})
+            try:
+                writer.append({**{n: v for n, v in row.items() if not n.startswith("_")}, "_resume_key": key,
+                               "_verify_results": [v.to_dict() for v in row["_verify_results"]]})
+            except OSError as e:   # a full disk: say which file (a rerun skips a torn line and reuses the rest)
+                if e.filename is not None:
+                    raise
+                raise named_os_error(e, writer.partial_path) from e
         bar.update(1)
 
     try:
@@ -512,7 +519,10 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
         return teacher, rows
 
     try:
-        teacher, rows = asyncio.run(main())
+        # one run per OUT: a second one moved the first's OUT.partial aside while it was appending to it, and the first
+        # then removed the second's at its end
+        with output_lock(out, "distill"):
+            teacher, rows = asyncio.run(main())
     except EngineError as e:
         raise EndpointError(f"teacher endpoint failed: {e}") from None
     summary.teacher = teacher.name

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from typing import Any, Iterator
 
-from megatron_rl.fsutil import current_umask, write_text_atomic
+from megatron_rl.fsutil import current_umask, naming_write_problems, write_text_atomic
 
 
 class DataSynthError(ValueError):
@@ -63,7 +63,8 @@ def atomic_dir(path: str, force: bool = False) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=parent)
     os.chmod(tmp, 0o777 & ~current_umask())
     try:
-        yield tmp
+        with naming_write_problems(tmp, path):   # a full disk names the task set, not "[Errno 28]" alone
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException as DCPException   # a BaseException
 
-from megatron_rl.fsutil import fsync_dir, write_text_atomic
+from megatron_rl.fsutil import describe_os_error, fsync_dir, write_problem, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -304,13 +305,15 @@ def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, 
         state["opt_param_scheduler"] = opt_param_scheduler.state_dict()
     state["iteration"] = iteration
     _in_process_write_results()
-    dist_checkpointing.save(state, str(tmp), content_metadata=metadata)
-
-    (tmp / EXTRA_DIR).mkdir(exist_ok=True)
-    extra_path = tmp / EXTRA_DIR / f"rank_{rank:05d}.pt"
-    torch.save(dict(extra or {}), extra_path)
-    with open(extra_path, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        dist_checkpointing.save(state, str(tmp), content_metadata=metadata)
+        (tmp / EXTRA_DIR).mkdir(exist_ok=True)
+        extra_path = tmp / EXTRA_DIR / f"rank_{rank:05d}.pt"
+        torch.save(dict(extra or {}), extra_path)
+        with open(extra_path, "rb") as f:
+            os.fsync(f.fileno())
+    except (Exception, DCPException) as e:  # noqa: BLE001 - the writers raise anything for a full disk
+        raise CheckpointError(_save_failure(final, tmp, e, rank)) from e
     _barrier()
 
     if rank == 0:
@@ -347,9 +350,32 @@ def save_checkpoint(ckpt_root: str | os.PathLike, iteration: int, model_chunks, 
             fsync_dir(root)
             write_text_atomic(root / LATEST_FILE, str(iteration) if iteration != "release" else "release")
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below
-            error[0] = f"finalising {final} failed: {type(e).__name__}: {e}"
+            error[0] = _save_failure(final, tmp, e, rank)
     _raise_if_any(error[0])
     return str(final)
+
+
+def _save_failure(final: Path, tmp: Path, e: BaseException, rank: int) -> str:
+    """One line on a failed save, once rank 0 removed its temp dir (a full disk gets its space back; the next save
+    would remove it anyway). A full disk, a quota or a read-only or vanished folder is named as such
+    (`write_problem`): torch's checkpoint writer reports one as ``unexpected pos 704 vs 598``. The pointer is not
+    touched: ``--resume`` continues from the checkpoint it names, which the message says."""
+    problem = write_problem(tmp if tmp.is_dir() else tmp.parent)
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if problem is not None:
+        why = problem.strerror or describe_os_error(problem)
+    elif isinstance(e, OSError):
+        why = describe_os_error(e)
+    else:
+        why = f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
+    try:
+        latest = latest_iteration(final.parent)
+    except CheckpointError:
+        latest = None
+    kept = (f"the latest checkpoint is still iteration {latest} ({final.parent / LATEST_FILE})" if latest is not None
+            else "no earlier checkpoint")
+    return f"saving {final} failed: {why}; {kept}"
 
 
 def _raise_if_any(msg: str) -> None:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import html
@@ -66,6 +67,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from megatron_rl.fsutil import OutputBusyError, describe_os_error, named_os_error, output_lock
 
 log = logging.getLogger("megatron_rl.evaluate")
 
@@ -580,18 +583,31 @@ class Progress:
         """Append one finished task's record (flushed and fsynced)."""
         from megatron_rl.fsutil import fsync_dir
 
-        if self._fh is None:
-            self._fh = open(self.path, "a" if self._append else "w", encoding="utf-8")
+        if self._fh is None:   # unbuffered, appending: a line that fails is taken back whole (`_line`)
+            self._fh = open(self.path, "ab", buffering=0)
             if not self._append:
+                self._fh.truncate(0)
                 self._line({"evaluate_progress": PROGRESS_FORMAT, "fingerprint": self.fingerprint})
             fsync_dir(self.path.parent)
         self._line(record)
         self.records[record["task_id"]] = record
 
     def _line(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj, default=str) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """One whole line or none. A full disk that took half a line, followed by another task's line (space freed,
+        or a group finishing as the run stops), left a damaged line before the last, which `load` refuses: every
+        finished task lost to ``--fresh``. The half line is taken back instead; the error names the file."""
+        data = memoryview((json.dumps(obj, default=str) + "\n").encode("utf-8"))
+        start = os.fstat(self._fh.fileno()).st_size
+        try:
+            while data:
+                data = data[self._fh.write(data):]
+            os.fsync(self._fh.fileno())
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fh.fileno(), start)
+            if e.filename is not None:
+                raise
+            raise named_os_error(e, self.path) from e
 
     def note(self) -> str:
         """What a stopped run keeps, for its error message."""
@@ -672,25 +688,30 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     tasks = [t for group in groups_by_precision.values() for t in group]
     out = Path(cfg.out).expanduser()
     keys = {t.task_id: _task_key(t, precision) for precision, group in groups_by_precision.items() for t in group}
-    # an unfinished run's file in --out made with other settings is refused here, before anything is written
-    progress = Progress.load(out, _fingerprint(cfg, located), keys, cfg.fresh)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {cfg.out}: cannot create the folder: {e.strerror or e}") from None
-    try:
-        return _evaluate(cfg, out, tasks, groups_by_precision, vcfgs, keys, progress, t0)
-    except KeyboardInterrupt:
-        raise Interrupted(len(progress.records), progress.path) from None
-    finally:
-        progress.close()
+    with contextlib.ExitStack() as lock:
+        # one run per --out (`fsutil.output_lock`): a second one resumed from the first's progress file, appended to it
+        # beside the first, and lost its rows when the first finished and removed the file
+        try:
+            lock.enter_context(output_lock(out, "evaluation"))
+        except OSError as e:
+            raise ValueError(f"--out {cfg.out}: cannot create the folder: {e.strerror or e}") from None
+        # an unfinished run's file in --out made with other settings is refused here, before anything is written
+        progress = Progress.load(out, _fingerprint(cfg, located), keys, cfg.fresh)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--out {cfg.out}: cannot create the folder: {e.strerror or e}") from None
+        try:
+            return _evaluate(cfg, out, tasks, groups_by_precision, vcfgs, keys, progress, t0)
+        except KeyboardInterrupt:
+            raise Interrupted(len(progress.records), progress.path) from None
+        finally:
+            progress.close()
 
 
 def _evaluate(cfg: EvalConfig, out: Path, tasks: list, groups_by_precision: dict[str, list], vcfgs: dict,
               keys: dict[str, str], progress: Progress, t0: float) -> dict[str, Any]:
     """The run proper: the tasks ``progress`` does not hold yet, then the reports from every task's record."""
-    import contextlib
-
     import torch
     from tqdm import tqdm
 
@@ -1016,8 +1037,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         summary = evaluate(cfg)
-    except (ModelError, ValueError, FileNotFoundError, EvalError) as e:
+    except (ModelError, ValueError, FileNotFoundError, EvalError, OutputBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:   # a full disk or a read-only folder: the finished tasks stay in the progress file
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except Interrupted as e:    # the reports are written at the end, whole; finished tasks are in the progress file
         if e.kept:

@@ -2,16 +2,27 @@
 
 Files go to a temp name in the same directory, are fsynced, then renamed; directories are built
 under a hidden temp name and renamed into place, so a crash leaves either the old state or the new
-one (plus, at worst, a hidden temp to clean up).
+one (plus, at worst, a hidden temp to clean up). A run holds `output_lock` on what it writes, so a second run on
+the same output is refused instead of interleaving with it; `LineLog` appends whole JSONL lines only; `write_problem`
+names what a library's failed write hid (a full disk, a quota, a read-only or vanished folder).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import json
+import logging
 import os
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
+
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -41,9 +52,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:
+            raise named_os_error(e, path) from e   # a full disk's write names no file: say which one
         raise
     fsync_dir(path.parent)
 
@@ -76,12 +89,14 @@ def _mkdtemp_beside(target: Path) -> Path:
 
 def publish_dir(build: Callable[[str], object], target: str | os.PathLike) -> Path:
     """Run ``build(tmp_dir)`` and rename the result to ``target``. If another process published
-    ``target`` first, its copy is kept and ours is discarded (both were built from the same inputs)."""
+    ``target`` first, its copy is kept and ours is discarded (both were built from the same inputs). A build that
+    fails on a full disk says so, naming ``target`` (`naming_write_problems`)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _mkdtemp_beside(target)
     try:
-        build(str(tmp))
+        with naming_write_problems(tmp, target):
+            build(str(tmp))
         try:
             os.replace(tmp, target)
         except OSError:
@@ -112,7 +127,228 @@ def rebuild_dir(build: Callable[[str], object], target: str | os.PathLike) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _mkdtemp_beside(target)
     try:
-        build(str(tmp))
+        with naming_write_problems(tmp, target):
+            build(str(tmp))
         return replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def named_os_error(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` with ``path`` as its file name: a write on an open file raises ENOSPC/EIO without one, and "No space
+    left on device" alone does not say which run's disk is full."""
+    return OSError(e.errno, e.strerror, str(path))
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line for a failed file operation: ``PATH: No space left on device`` (``SRC -> DST: ...`` for a copy or a
+    rename, whose ``filename`` is the source)."""
+    if e.filename is not None and e.strerror:
+        return f"{e.filename}{f' -> {e.filename2}' if e.filename2 is not None else ''}: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
+def dir_problem(path: str | os.PathLike) -> str | None:
+    """Why the output folder ``path`` cannot be made or written (it, or the nearest existing folder above it, is a
+    file or not writable), checked before a run starts rather than at its first save; None when it can."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return None
+    if not existing.is_dir():
+        return f"cannot create {path}: {existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot create {path}: {existing} is not writable"
+    return None
+
+
+_PROBE_BYTES = 1 << 20
+
+
+def write_problem(folder: str | os.PathLike) -> OSError | None:
+    """The OSError that a small write in ``folder`` meets now (a full disk, a quota, a read-only or vanished
+    folder), named by the folder; None when it can be written. torch's checkpoint writer and safetensors report a
+    full disk without the errno or the path ("unexpected pos 704 vs 598", "I/O error"): a failed save asks this
+    while its partial files still fill the disk, and says why by name."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".write-probe.", dir=folder)
+    except OSError as e:
+        return named_os_error(e, folder)
+    try:
+        view = memoryview(bytes(_PROBE_BYTES))
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except OSError as e:
+        return named_os_error(e, folder)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return None
+
+
+@contextlib.contextmanager
+def naming_write_problems(folder: str | os.PathLike, name: str | os.PathLike | None = None) -> Iterator[None]:
+    """Re-raise a failure of the block as the OSError that a write in ``folder`` meets now (`write_problem`), when
+    it meets one, named ``name`` (the output a temp ``folder`` becomes): safetensors' ``I/O error`` or torch's
+    ``unexpected pos`` becomes ``NAME: No space left on device``. Wrap the writing itself, inside the cleanup that
+    frees the space."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, OSError) and e.filename is not None:
+            raise
+        problem = write_problem(folder)
+        if problem is None:
+            raise
+        raise named_os_error(problem, name or folder) from e
+
+
+class LineLog:
+    """A JSONL file appended one whole line at a time (a run's ``metrics.jsonl``). A torn last line that a kill or a
+    full disk left is cut off when the file is opened again, and a line that cannot be written whole is taken back,
+    so a resumed run's rows are never glued to half a row (a reader such as `megatron_rl.report` refuses the file
+    then). A file removed while open (its run dir deleted) is created again, with a warning, instead of taking the
+    rows with it. A failed write raises an OSError that names the file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        if self._fd is not None and os.fstat(self._fd).st_nlink > 0:
+            return self._fd
+        if self._fd is not None:
+            log.warning("%s was removed while the run wrote it: writing the next rows to a new one", self.path)
+            self.close()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._trim_torn_tail(self._fd)
+        except OSError as e:
+            self.close()
+            if e.filename is None:
+                raise named_os_error(e, self.path) from e
+            raise
+        return self._fd
+
+    def _trim_torn_tail(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        keep, end = 0, size
+        with open(self.path, "rb") as f:
+            while end > 0:
+                start = max(0, end - 65536)
+                f.seek(start)
+                i = f.read(end - start).rfind(b"\n")
+                if i >= 0:
+                    keep = start + i + 1
+                    break
+                end = start
+        if keep < size:
+            log.warning("%s: its last line was cut off (a kill or a full disk while it was written): removed",
+                        self.path)
+            os.ftruncate(fd, keep)
+
+    def write(self, line: str) -> None:
+        """Append ``line`` (one JSON row; a newline is added) whole, or raise with the file as it was."""
+        fd = self._open()
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview((line.rstrip("\n") + "\n").encode("utf-8"))
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise named_os_error(e, self.path) from e
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+class OutputBusyError(RuntimeError):
+    """Another live process writes the same output: it holds the output's `output_lock`."""
+
+
+def lock_file(target: str | os.PathLike) -> Path:
+    """The lock file of an output: hidden, beside it (so locking needs no output folder yet)."""
+    target = Path(target)
+    return target.parent / f".{target.name}.lock"
+
+
+#: flock's answers on a filesystem without locks (Lustre mounted without ``-o flock``, some FUSE mounts)
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+@contextlib.contextmanager
+def output_lock(target: str | os.PathLike, what: str, wait_s: float = 0.0) -> Iterator[Path]:
+    """Hold an advisory lock on the output ``target`` (a run dir, a checkpoint root, an OUT file) while a run writes
+    it: `fcntl.flock` on `lock_file(target)`. A second run on the same output gets `OutputBusyError` at once, naming
+    the holder (pid, host, start, command), instead of interleaving appends or checkpoint saves with it. The kernel
+    drops a flock when its process dies, however it dies, so a killed run leaves no stale lock (its file stays and is
+    taken over); a released lock's file is removed. A filesystem without flock runs unlocked, with a warning. The
+    descriptor is not inherited by exec'd children (ranks, engines), whose lifetime would otherwise hold it. With
+    ``wait_s``, a held lock is waited for that long before the refusal: a requeued slurm job whose previous node died
+    finds that node's lock on a shared filesystem until its lease runs out (NFS: about 90 s)."""
+    target = Path(target)
+    path = lock_file(target)
+    deadline = time.monotonic() + wait_s
+    waited = False
+    with contextlib.suppress(FileExistsError):   # a file there: the open below says "Not a directory"
+        path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            if time.monotonic() < deadline:
+                if not waited:
+                    log.warning("%s is in use by another %s (%s): waiting up to %.0f s for it to end", target, what,
+                                holder, wait_s)
+                    waited = True
+                time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+                continue
+            raise OutputBusyError(f"{target} is in use by another {what} ({holder}); wait for it to end or choose "
+                                  f"another output") from None
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in _NO_FLOCK:
+                raise named_os_error(e, path) from e
+            log.warning("%s: this filesystem has no file locks (%s): a second run on %s would not be refused",
+                        path, e.strerror, target)
+            fd = None
+            break
+        # a holder that released the lock removed the file we opened: lock the file now at the path instead
+        with contextlib.suppress(OSError):
+            st, ours = os.stat(path), os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
+                break
+        os.close(fd)
+    if fd is None:
+        yield path
+        return
+    try:
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join([os.path.basename(sys.executable), *sys.argv])[:400]}
+        with contextlib.suppress(OSError):   # the lock holds without them (a full disk)
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(info) + "\n").encode())
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)   # still locked: a process that opened it now finds it gone and opens a new one
+        os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+        return f"pid {info['pid']} on {info['host']} since {info['since']}: {info['command']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "its details are not written yet"

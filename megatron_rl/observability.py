@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from megatron_rl.fsutil import write_text_atomic
+from megatron_rl.fsutil import LineLog, write_text_atomic
 
 # Dense bf16 peak per GPU, TFLOP/s, matched against torch.cuda.get_device_name() (MFU is reported against it).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "B200": 2250.0, "S5000": 500.0}
@@ -150,7 +150,9 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"))
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        # whole rows only, opened at the first row (the rollout side's logger writes samples, never a row); a failed
+        # write (a full disk) raises naming the file and leaves it as it was, so a resume appends after whole rows
+        self._metrics = LineLog(self.run_dir / "metrics.jsonl")
 
     def log_step(self, step: int, scalars: dict[str, Any], phases: dict[str, float], total_steps: int) -> None:
         row = {"step": step, **{k: v for k, v in scalars.items()}, **{f"time/{k}": v for k, v in phases.items()}}
@@ -158,8 +160,7 @@ class RunLogger:
             self.facts = RunFacts.from_run_dir(self.run_dir)
         if self.facts is not None:
             row.update({k: v for k, v in throughput_scalars(row, self.facts).items() if k not in row})
-        self._metrics.write(json.dumps(row, default=float) + "\n")
-        self._metrics.flush()
+        self._metrics.write(json.dumps(row, default=float))
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and _finite(v):

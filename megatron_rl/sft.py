@@ -30,7 +30,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -40,8 +40,11 @@ from megatron_rl.checkpoint import copy_hf_asset_dirs, resume_problem
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
                                 _omegaconf_problem, abs_path, hf_model_config, load_preset)
-from megatron_rl.fsutil import publish_dir, rebuild_dir
+from megatron_rl.fsutil import dir_problem, publish_dir, rebuild_dir, write_text_atomic
 from megatron_rl.observability import RunLogger
+
+if TYPE_CHECKING:
+    from megatron_rl.sft_data import LoadReport
 
 log = logging.getLogger("megatron_rl.sft")
 
@@ -176,6 +179,11 @@ def validate_sft(cfg: SFTConfig) -> None:
             cfg.model.tiny.hf_config(cfg.model.tiny.vocab_size or 1)
         except (ValueError, TypeError) as e:
             problems.append(f"model.tiny: {e}")
+    for key, path in (("train.log_dir", cfg.run_dir), ("train.ckpt_dir", cfg.ckpt_root),
+                      ("train.export_dir", cfg.export_root)):
+        # as a usage error: under a file, a checkpoint dir failed at the first save and an export dir after training
+        problem = dir_problem(path)
+        need(problem is None, f"{key}: {problem}")
     if cfg.model.tokenizer == "auto":
         cfg.model.tokenizer = cfg.model.path if cfg.model.path else "qwen3-offline"
     if cfg.model.tokenizer != "qwen3-offline":
@@ -324,10 +332,8 @@ def _start_ranks(cfg: SFTConfig, model_dir: str):
 
 
 def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
-    from megatron_rl.observability import PhaseTimer
-    from megatron_rl.sft_data import SFTDataError, encode_samples, read_samples
-    from megatron_rl.tokenizer import load_tokenizer
-    from megatron_rl.train import begin_fresh_run, prepare_model
+    from megatron_rl.sft_data import SFTDataError, read_samples
+    from megatron_rl.train import lock_outputs
 
     t_start = time.perf_counter()
     run_dir = cfg.run_dir
@@ -340,6 +346,20 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     parsed, report = read_samples(files, on_error=cfg.data.on_error, require_passed=cfg.data.require_passed)
     if not parsed:
         raise SFTDataError(f"no trainable rows in {', '.join(map(str, files))} ({report.to_dict()})")
+    # before the run dir is made or an earlier run's pointer touched; an export dir elsewhere is the run's too
+    with lock_outputs("SFT run", run_dir, cfg.ckpt_root, *([cfg.export_root] if cfg.train.export else [])):
+        return _run(cfg, resume, t_start, files, parsed, report)
+
+
+def _run(cfg: SFTConfig, resume: bool, t_start: float, files: list[Path], parsed: list,
+         report: "LoadReport") -> dict[str, Any]:
+    """The run proper, its outputs locked (`run`)."""
+    from megatron_rl.observability import PhaseTimer
+    from megatron_rl.sft_data import SFTDataError, encode_samples
+    from megatron_rl.tokenizer import load_tokenizer
+    from megatron_rl.train import begin_fresh_run, prepare_model
+
+    run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     model_dir, tok_path = prepare_model(cfg, environment_tokenizer=False)
     tokenizer = load_tokenizer(tok_path)
@@ -360,7 +380,7 @@ def run(cfg: SFTConfig, resume: bool = False) -> dict[str, Any]:
     a = cfg.actor
     if a.lr_decay_style != "constant" and a.lr_decay_steps is None:
         a.lr_decay_steps = max(total, a.lr_warmup_steps + 1)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     print(f"[sft] {len(rows)} samples from {report.rows} rows ({len(report.skipped)} skipped), {total} steps of "
           f"{cfg.train.global_batch_size}; logs and TensorBoard in {run_dir}", flush=True)
     assets = stage_hf_assets(model_dir, tok_path, run_dir / "hf_assets_src")
@@ -468,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(interrupted_message(cfg.ckpt_root), file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only another run's lock and write failures; the rest re-raised
+        from megatron_rl.train import run_failure
+
+        return run_failure(e)
     print_summary(summary)
     return 0
 

@@ -13,6 +13,7 @@ last stdout line is a JSON summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -21,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger("megatron_rl.train")
 
@@ -147,20 +149,47 @@ def begin_fresh_run(run_dir: Path, ckpt_root: Path) -> None:
         metrics.unlink()
 
 
+#: how long a requeued job (SLURM_RESTART_COUNT > 0) waits for its outputs' locks: NFSv4's default lease is 90 s
+REQUEUE_LOCK_WAIT_S = 180.0
+
+
+@contextlib.contextmanager
+def lock_outputs(what: str, *paths: Path) -> Iterator[None]:
+    """`fsutil.output_lock` on each of a run's outputs (its run dir, its checkpoint root, an export dir), for the
+    run's lifetime: a second run that shares any of them is refused (`OutputBusyError`) before it touches one. Two
+    runs in one dir once dropped each other's resume pointer and metrics and crashed on each other's checkpoint
+    temp dirs."""
+    from megatron_rl.fsutil import output_lock
+
+    # a requeued slurm job may find its dead predecessor's lock on a shared filesystem until the lease ends
+    wait_s = REQUEUE_LOCK_WAIT_S if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 else 0.0
+    with contextlib.ExitStack() as stack:
+        for p in sorted({Path(p).resolve() for p in paths}):
+            stack.enter_context(output_lock(p, what, wait_s=wait_s))
+        yield
+
+
 def run(cfg, resume: bool = False) -> dict:
     from megatron_rl.checkpoint import resume_problem
-    from megatron_rl.cluster import Cluster
-    from megatron_rl.config import to_yaml
-    from megatron_rl.observability import PhaseTimer, RunLogger
 
     t_start = time.perf_counter()
     problem = resume_problem(cfg.ckpt_root) if resume else None
     if problem:   # before the run dir (and its config.yaml) is written
         raise SystemExit(problem)
+    with lock_outputs("training run", cfg.run_dir, cfg.ckpt_root):   # before an earlier run's pointer is touched
+        return _run(cfg, resume, t_start)
+
+
+def _run(cfg, resume: bool, t_start: float) -> dict:
+    from megatron_rl.cluster import Cluster
+    from megatron_rl.config import to_yaml
+    from megatron_rl.fsutil import write_text_atomic
+    from megatron_rl.observability import PhaseTimer, RunLogger
+
     if not resume:
         begin_fresh_run(cfg.run_dir, cfg.ckpt_root)
     logger = RunLogger(cfg.run_dir, dump_samples=False)  # the rollout side writes samples/ itself
-    (cfg.run_dir / "config.yaml").write_text(to_yaml(cfg))
+    write_text_atomic(cfg.run_dir / "config.yaml", to_yaml(cfg))
     print(f"[run] logs, samples and TensorBoard in {cfg.run_dir}", flush=True)
     cluster = Cluster(cfg, *prepare_model(cfg))
     steps_done, failed = 0, 0
@@ -244,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     cfg.train.resume, problem = resolve_resume(cfg.ckpt_root, cfg.train.resume, args.auto_resume)
+    problem = problem or output_problem("train.ckpt_dir", cfg.ckpt_root)
     if problem:   # a usage error like a bad key: exit 2 before anything is started or written
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -255,8 +285,41 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:   # the engines and ranks were shut down on the way out
         print(interrupted_message(cfg.ckpt_root), file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only another run's lock and write failures; the rest re-raised
+        return run_failure(e)
     print_summary(summary)
     return 0
+
+
+def output_problem(key: str, path: Path) -> str | None:
+    """A config key's output folder that cannot be made (`fsutil.dir_problem`), as a usage error: a checkpoint dir
+    under a file failed at the first save, after a step's work."""
+    from megatron_rl.fsutil import dir_problem
+
+    problem = dir_problem(path)
+    return f"{key}: {problem}" if problem else None
+
+
+def run_failure(e: Exception) -> int:
+    """Exit status and one stderr line for a run stopped by another run holding its outputs (2: nothing was touched)
+    or by a failed write (1: a full disk, a read-only or vanished folder; the message names the path, and a failed
+    save the checkpoint ``--resume`` continues from). Anything else is re-raised with its traceback. A Ray worker's
+    error arrives wrapped (`RayTaskError`): its cause is reported."""
+    from megatron_rl.checkpoint import CheckpointError
+    from megatron_rl.fsutil import OutputBusyError, describe_os_error
+
+    cause = getattr(e, "cause", None) if type(e).__name__.startswith("RayTaskError") else None
+    err = cause if isinstance(cause, BaseException) else e
+    if isinstance(err, OutputBusyError):
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if isinstance(err, OSError):
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 1
+    if isinstance(err, CheckpointError):
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    raise e
 
 
 def interrupted_message(ckpt_root: Path) -> str:
