@@ -37,8 +37,9 @@ from tqdm import tqdm
 from megatron_rl.fsutil import named_os_error, output_lock
 from megatron_rl.rollout.agent import ConversationCodec, farm_verify_fn
 from megatron_rl.rollout.client import EngineClient, EngineError
-from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, feedback_text, initial_messages
+from megatron_rl.rollout.prompts import DEFAULT_SYSTEM_PROMPT, defuse_control_tokens, feedback_text, initial_messages
 from megatron_rl.rollout.protocol import SamplingParams
+from megatron_rl.sft_data import untrainable
 from megatron_rl.tokenizer import load_tokenizer
 from verifier.config import PRECISIONS, VerifierConfig
 from verifier.farm import TASK_FAULT_RULES, FarmConfig, VerifierFarm
@@ -148,6 +149,7 @@ class DistillSummary:
     responses: int = 0
     passed_samples: int = 0
     rows_written: int = 0
+    refused_rows: int = 0              # would be kept, but the SFT loader refuses them (`sft_data.untrainable`)
     infra_samples: int = 0
     skipped_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
     categories: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -301,11 +303,20 @@ def _verdict_summary(v: VerifyResult) -> dict[str, Any]:
             "rule": v.rule, "feedback": v.feedback}
 
 
+def _kept(row: dict[str, Any], cfg: DistillConfig) -> bool:
+    """A row OUT gets: passed (or every row with ``keep=all``) and trainable (`sft_data.untrainable`)."""
+    return (cfg.keep == "all" or row["passed"]) and untrainable(row) is None
+
+
 def sft_messages(prompt: list[dict[str, str]], turns: list[tuple[str, str | None]]) -> list[dict[str, Any]]:
-    """Prompt + (answer, feedback) turns as chat messages; only the final assistant turn has loss."""
+    """Prompt + (answer, feedback) turns as chat messages; only the final assistant turn has loss. Earlier answers
+    are context, defused as the teacher saw them (and as the RL agent's history holds them): a failed answer that
+    spelled ``<|im_end|>`` made the whole row one the SFT loader refuses."""
     msgs = [dict(m, step_loss_mask=0) for m in prompt]
     for k, (answer, feedback) in enumerate(turns):
-        msgs.append({"role": "assistant", "content": answer, "step_loss_mask": 1 if k == len(turns) - 1 else 0})
+        final = k == len(turns) - 1
+        msgs.append({"role": "assistant", "content": answer if final else defuse_control_tokens(answer),
+                     "step_loss_mask": 1 if final else 0})
         if feedback is not None and k < len(turns) - 1:
             msgs.append({"role": "user", "content": feedback, "step_loss_mask": 0})
     return msgs
@@ -333,7 +344,8 @@ async def _sample(task: GeneratedTask, k: int, teacher: _Teacher, verify, cfg: D
         turns.append((answer, fb))
         if v.passed or v.category == Category.INFRA:
             break
-        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": fb}]
+        # the teacher's own answer back in its history, defused: spelled control tokens would end its turn there
+        messages += [{"role": "assistant", "content": defuse_control_tokens(answer)}, {"role": "user", "content": fb}]
     if not turns:
         return None
     final = verdicts[-1]
@@ -511,8 +523,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
                 writer.close()
         order = {t.task_id: i for i, t in enumerate(tasks)}
         rows.sort(key=lambda r: (order[r["task_id"]], int(r["sample_id"].rsplit("#", 1)[1])))
-        kept = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows
-                if cfg.keep == "all" or r["passed"]]
+        kept = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows if _kept(r, cfg)]
         writer.finish(kept)
         if os.path.isfile(aside):
             os.unlink(aside)
@@ -539,7 +550,8 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
         summary.infra_samples += int(r["verdict"]["category"] == Category.INFRA.value)
         if r["passed"] and r["speedup"] is not None:
             speedups.append(r["speedup"])
-    summary.rows_written = sum(1 for r in rows if cfg.keep == "all" or r["passed"])
+    summary.rows_written = sum(1 for r in rows if _kept(r, cfg))
+    summary.refused_rows = sum(1 for r in rows if (cfg.keep == "all" or r["passed"]) and not _kept(r, cfg))
     summary.mean_speedup = round(sum(speedups) / len(speedups), 4) if speedups else None
     if verdicts_path:
         atomic_write_jsonl(verdicts_path, verdict_rows)

@@ -40,8 +40,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from megatron_rl.sft_data import check_messages
-from megatron_rl.tokenizer import QWEN3_ADDED_TOKENS
+from megatron_rl.sft_data import untrainable
 
 from .decontam import canonical_tree, jaccard, minhash
 from .distill import DistillConfig, distill
@@ -241,20 +240,6 @@ class RFTConfig:
             raise DataSynthError(f"--samples and --targets must be >= 1, got {self.samples} and {self.targets}")
         if not 0 < self.jaccard <= 1:
             raise DataSynthError(f"--jaccard must be in (0, 1], got {self.jaccard}")
-
-
-def untrainable(row: dict[str, Any]) -> str | None:
-    """Why ``python -m megatron_rl.sft`` would refuse ``row`` as far as that is known without its tokenizer, or None:
-    a transcript ``sft_data.check_messages`` rejects (a failed earlier answer that spelled ``<|im_end|>``), or a final
-    answer that spells one of Qwen3's added tokens other than the reasoning markers (the policy would be trained to
-    emit it). A verified answer may hold either in a comment or a string; drawn as a target it stopped the SFT load
-    (``on_error=raise``) or cost the prompt a target another cluster would have given."""
-    problem = check_messages(row.get("messages"))
-    if problem is not None:
-        return problem
-    answer = row["messages"][-1]["content"]
-    spelled = next((t for _, t, _ in QWEN3_ADDED_TOKENS if t not in ("<think>", "</think>") and t in answer), None)
-    return None if spelled is None else f"the answer holds the control token {spelled!r}"
 
 
 def select(pool_rows: Sequence[dict[str, Any]], cfg: RFTConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from megatron_rl.rollout.prompts import CONTROL_TOKENS, tokenizer_control_tokens
+from megatron_rl.tokenizer import QWEN3_ADDED_TOKENS
 from megatron_rl.types import TrainSample
 
 log = logging.getLogger("megatron_rl.sft")
@@ -93,6 +94,21 @@ def check_messages(messages: Any) -> str | None:
     if not any(m["role"] == "user" for m in messages[:-1]):
         return "no user message before the answer"
     return None
+
+
+def untrainable(row: dict[str, Any]) -> str | None:
+    """Why ``python -m megatron_rl.sft`` would refuse ``row`` as far as that is known without its tokenizer, or None:
+    a transcript ``sft_data.check_messages`` rejects (a failed earlier answer that spelled ``<|im_end|>``), or a final
+    answer that spells one of Qwen3's added tokens other than the reasoning markers (the policy would be trained to
+    emit it). A verified answer may hold either in a comment or a string; drawn as a target it stopped the SFT load
+    (``on_error=raise``) or cost the prompt a target another cluster would have given. Distill and RFT keep no such
+    row."""
+    problem = check_messages(row.get("messages"))
+    if problem is not None:
+        return problem
+    answer = row["messages"][-1]["content"]
+    spelled = next((t for _, t, _ in QWEN3_ADDED_TOKENS if t not in ("<think>", "</think>") and t in answer), None)
+    return None if spelled is None else f"the answer holds the control token {spelled!r}"
 
 
 def _plain(messages: Sequence[dict]) -> list[dict[str, str]]:

@@ -77,6 +77,40 @@ def test_openai_endpoint_multi_turn_repair_gives_a_final_turn_row(tmp_path, teac
     assert len(open(verdicts).read().splitlines()) == 2
 
 
+def test_spelled_control_tokens_never_reach_the_teacher_or_an_sft_row(tmp_path, teacher_set, build_cache):
+    """A failed first answer that spells ``<|im_end|>`` goes back to the teacher, and into the row's context, defused
+    (it ended the teacher's turn there, and the SFT loader refused the row); a passing answer that spells
+    ``<|endoftext|>`` is no row (the policy would learn to emit it): counted as refused."""
+    from megatron_rl.sft_data import untrainable
+
+    folder, tasks = teacher_set
+    answer = offline_answer(tasks[0], "cpu").response
+    mode = ["history"]
+
+    def script(task_id, turn, messages):
+        if mode[0] == "history":
+            return "no code yet <|im_end|>" if turn == 1 else answer
+        return answer + "\n<|endoftext|>"
+
+    server = ScriptedTeacher(script)
+    url = server.start()
+    try:
+        cfg = DistillConfig(endpoint=url, turns=2, cache_dir=build_cache, compile_workers=2, verifier=FAST_VERIFIER)
+        summary = distill(read_task_set(folder)[:1], str(tmp_path / "a.jsonl"), cfg, progress=False)
+        assert summary.passed_samples == 1 and summary.rows_written == 1 and summary.refused_rows == 0
+        (row,) = [json.loads(line) for line in open(tmp_path / "a.jsonl")]
+        assert "<|im_end|>" not in json.dumps(row["messages"]) and "no code yet" in row["messages"][2]["content"]
+        assert untrainable(row) is None
+        repair = server.requests[1]["messages"]
+        assert "no code yet" in repair[2]["content"] and "<|im_end|>" not in repair[2]["content"]
+        mode[0] = "spelled"
+        summary = distill(read_task_set(folder)[:1], str(tmp_path / "b.jsonl"), cfg, progress=False)
+    finally:
+        server.stop()
+    assert summary.passed_samples == 1 and summary.rows_written == 0 and summary.refused_rows == 1
+    assert open(tmp_path / "b.jsonl").read() == ""
+
+
 @pytest.fixture
 def embedded_engine():
     cfg = dict(model_type="qwen3", vocab_size=151669, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
