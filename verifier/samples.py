@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -132,9 +133,11 @@ def result_row(sample: Sample, task: Any, result: Any) -> dict[str, Any]:
 
 
 class ResultsWriter:
-    """Append-and-flush to ``OUT.partial`` while running; atomically publish ``OUT`` at the end.
+    """Append to ``OUT.partial`` while running, one whole fsynced line per row; atomically publish ``OUT`` at the end.
 
-    Rows land in the partial file in completion order; ``finish`` writes them in the order given.
+    Rows land in the partial file in completion order; ``finish`` writes them in the order given. A row that cannot
+    be written whole (a full disk) is taken back and the OSError names the file, so the next row never lands glued to
+    half a line, which a resume would drop with it.
     """
 
     def __init__(self, out_path: str):
@@ -142,33 +145,55 @@ class ResultsWriter:
         self.partial_path = out_path + ".partial"
         parent = os.path.dirname(os.path.abspath(out_path))
         os.makedirs(parent, exist_ok=True)
-        self._fh = open(self.partial_path, "w", encoding="utf-8")
+        self._fd: int | None = os.open(self.partial_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
 
     def append(self, row: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(row, default=str) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        data = memoryview((json.dumps(row, default=str) + "\n").encode("utf-8"))
+        start = os.fstat(self._fd).st_size
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+            os.fsync(self._fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise OSError(e.errno, e.strerror, self.partial_path) from e
 
     def finish(self, rows: Iterable[dict[str, Any]]) -> None:
-        tmp = self.out_path + ".tmp"
+        """Write ``OUT`` through a unique temp beside it (two writers never share one), then drop the partial file."""
+        out = Path(self.out_path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            os.fchmod(fd, 0o666 & ~_umask())   # a plain open's mode, not mkstemp's 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for r in rows:
                     f.write(json.dumps(r, default=str) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.out_path)
-        except BaseException:   # the finished rows stay in the .partial file; no stray temp file beside them
+        except BaseException as e:   # the finished rows stay in the .partial file; no stray temp file beside them
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if isinstance(e, OSError) and e.filename is None:
+                raise OSError(e.errno, e.strerror, self.out_path) from e
             raise
-        self._fh.close()
-        os.unlink(self.partial_path)
+        self.close()
+        with contextlib.suppress(FileNotFoundError):   # removed by hand meanwhile: OUT is written all the same
+            os.unlink(self.partial_path)
 
     def close(self) -> None:
         """Stop writing but keep the partial file (used when the run did not finish)."""
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _umask() -> int:
+    """The process umask, read without setting it (``os.umask`` sets it: a race with other threads' files)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    return 0o022
 
 
 def output_file_problem(path: str) -> str | None:

@@ -101,4 +101,36 @@ def test_a_publish_that_fails_keeps_the_partial_rows_and_leaves_no_temp_file(tmp
     with pytest.raises(OSError):
         w.finish([{"sample_id": "a"}])
     assert read_result_rows(str(out) + ".partial") == [{"sample_id": "a"}]
-    assert not os.path.exists(str(out) + ".tmp")
+    assert sorted(os.listdir(tmp_path)) == ["r.jsonl", "r.jsonl.partial"]   # no temp file left
+
+
+def test_a_row_the_disk_takes_half_of_is_taken_back_and_the_next_row_lands_whole(tmp_path, monkeypatch):
+    """A full disk that took half a row, then space freed for the next one: the half row glued the next one to it,
+    and a resume dropped both. The half is taken back; the error names the partial file; OUT gets its own file mode."""
+    import errno
+
+    out = str(tmp_path / "r.jsonl")
+    w = ResultsWriter(out)
+    w.append({"sample_id": "a"})
+    real, full = os.write, [True]
+
+    def write(fd, data):
+        if fd == w._fd and full[0]:
+            real(fd, bytes(data[:7]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(OSError, match="No space left") as e:
+        w.append({"sample_id": "b", "pad": "x" * 100})
+    assert e.value.filename == out + ".partial"
+    full[0] = False
+    w.append({"sample_id": "c"})
+    assert read_result_rows(out + ".partial") == [{"sample_id": "a"}, {"sample_id": "c"}]
+    assert len(open(out + ".partial").read().splitlines()) == 2
+    os.unlink(out + ".partial")   # removed by hand meanwhile: OUT is still published
+    w.finish([{"sample_id": "a"}, {"sample_id": "c"}])
+    assert read_result_rows(out) == [{"sample_id": "a"}, {"sample_id": "c"}]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out).st_mode & 0o777 == 0o666 & ~umask   # a plain open's mode, not mkstemp's 0600
