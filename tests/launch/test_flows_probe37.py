@@ -359,9 +359,6 @@ def test_a_full_disk_in_evaluate_keeps_the_finished_tasks_and_the_same_command_f
 
 def test_a_full_disk_in_distill_names_out_partial_and_the_same_command_reuses_the_finished_samples(
         tmp_path, monkeypatch, capsys):
-    import builtins
-
-    import verifier.samples
     from data_synth.cli import main
     from verifier.types import Category, VerifyResult
 
@@ -376,23 +373,22 @@ def test_a_full_disk_in_distill_names_out_partial_and_the_same_command_reuses_th
     argv = ["distill", "--tasks", str(tmp_path / "tasks"), "--offline", "--out", str(out), "--concurrency", "1",
             "--no-progress"]
 
-    class Full:   # OUT.partial: its second sample hits a full disk halfway
-        def __init__(self, f):
-            self.f, self.rows = f, 0
+    real, rows = os.write, [0]
 
-        def write(self, text):
-            self.rows += 1
-            if self.rows == 2:
-                self.f.write(text[:len(text) // 2])
-                self.f.flush()
+    def write(fd, data):   # OUT.partial: its second sample hits a full disk halfway
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            path = ""
+        if path == f"{out}.partial":
+            rows[0] += 1
+            if rows[0] == 2:
+                real(fd, bytes(data[:len(data) // 2]))
                 raise OSError(errno.ENOSPC, NO_SPACE)
-            return self.f.write(text)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
+        return real(fd, data)
 
     with monkeypatch.context() as m:
-        m.setattr(verifier.samples, "open", lambda *a, **k: Full(builtins.open(*a, **k)), raising=False)
+        m.setattr(os, "write", write)
         rc = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 3 and err[-1] == f"error: {out}.partial: {NO_SPACE}", err
@@ -445,7 +441,6 @@ def test_a_read_only_output_folder_is_one_line_naming_the_file(setup, tmp_path, 
     import builtins
 
     import megatron_rl.evaluate as ev
-    import verifier.samples
     from data_synth.cli import main
 
     def read_only(path, mode="r", *a, **k):
@@ -460,8 +455,15 @@ def test_a_read_only_output_folder_is_one_line_naming_the_file(setup, tmp_path, 
 
     _distill_tasks(tmp_path / "d", monkeypatch, 1, verify)
     out = tmp_path / "d" / "rows.jsonl"
+    real_open = os.open
+
+    def os_open_read_only(path, flags, *a, **k):   # ResultsWriter opens OUT.partial with os.open
+        if str(path) == f"{out}.partial" and flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *a, **k)
+
     with monkeypatch.context() as m:
-        m.setattr(verifier.samples, "open", read_only, raising=False)
+        m.setattr(os, "open", os_open_read_only)
         m.setattr(ev, "open", read_only, raising=False)
         rc = main(["distill", "--tasks", str(tmp_path / "d" / "tasks"), "--offline", "--out", str(out),
                    "--no-progress"])
