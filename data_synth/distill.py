@@ -304,8 +304,9 @@ def _verdict_summary(v: VerifyResult) -> dict[str, Any]:
 
 
 def _kept(row: dict[str, Any], cfg: DistillConfig) -> bool:
-    """A row OUT gets: passed (or every row with ``keep=all``) and trainable (`sft_data.untrainable`)."""
-    return (cfg.keep == "all" or row["passed"]) and untrainable(row) is None
+    """A row OUT gets: every row with ``keep=all`` (a pool, as RFT's: it judges trainability itself), else a passed
+    one that the SFT trainer takes (`sft_data.untrainable`)."""
+    return cfg.keep == "all" or (row["passed"] and untrainable(row) is None)
 
 
 def sft_messages(prompt: list[dict[str, str]], turns: list[tuple[str, str | None]]) -> list[dict[str, Any]]:
@@ -551,7 +552,7 @@ def distill(tasks: Sequence[GeneratedTask], out: str, cfg: DistillConfig, *, ver
         if r["passed"] and r["speedup"] is not None:
             speedups.append(r["speedup"])
     summary.rows_written = sum(1 for r in rows if _kept(r, cfg))
-    summary.refused_rows = sum(1 for r in rows if (cfg.keep == "all" or r["passed"]) and not _kept(r, cfg))
+    summary.refused_rows = sum(1 for r in rows if r["passed"] and not _kept(r, cfg))
     summary.mean_speedup = round(sum(speedups) / len(speedups), 4) if speedups else None
     if verdicts_path:
         atomic_write_jsonl(verdicts_path, verdict_rows)

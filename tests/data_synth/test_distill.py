@@ -189,3 +189,22 @@ def test_a_stopped_run_against_a_restarted_engine_reuses_its_samples(tmp_path, t
     assert names == ["sglang:/ckpt/sft/hf@0"]   # the served model and its weights' version (an RL engine's change)
     assert calls["verified"] == 4 * len(tasks)          # the first run's 2 samples were not verified again
     assert len(out.read_text().splitlines()) == 4 * len(tasks)
+
+
+def test_an_rft_pool_keeps_every_row_and_rft_counts_what_sft_would_refuse():
+    """`keep=all` is RFT's pool: every sampled row, trainable or not (RFT judges and counts them); the SFT output
+    (`keep=passed`) leaves the refused ones out."""
+    from data_synth.distill import _kept
+    from data_synth.rft import RFTConfig, select
+
+    def row(i, answer):
+        return {"task_id": "t", "sample_id": f"t#{i}", "passed": True, "speedup": 1.0, "source": "x",
+                "messages": [{"role": "user", "content": "write it", "step_loss_mask": 0},
+                             {"role": "assistant", "content": answer, "step_loss_mask": 1}]}
+
+    code = "```python\nclass ModelNew:\n    pass\n```"
+    spelled, clean = row(0, code + "\n<|endoftext|>"), row(1, code)
+    pool, sft = DistillConfig(offline=True, keep="all"), DistillConfig(offline=True)
+    assert _kept(spelled, pool) and not _kept(spelled, sft) and _kept(clean, sft)
+    targets, report = select([spelled, clean], RFTConfig(samples=2, targets=2))
+    assert report["refused"] == 1 and [t["sample_id"] for t in targets] == ["t#1"]
