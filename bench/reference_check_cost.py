@@ -29,7 +29,7 @@ def _session(model, device) -> DeviceSession:
     s.task = types.SimpleNamespace()
     s.ref_model = model.to(device).eval()
     s._watch_reference()
-    s._check_reference(settle=True)
+    s._rebaseline_reference()
     return s
 
 

@@ -47,6 +47,9 @@ _getframe = sys._getframe
 # Bytes of a timed reference tensor's storage that ``DeviceSession._check_reference`` compares: all of a smaller one,
 # this many at secret positions of a larger one (a check's cost follows the number of tensors, not their size)
 REFERENCE_SAMPLE_BYTES = 1 << 14
+# the ops ``DeviceSession._check_reference`` compares with: watched for replaced kernels before every timed batch, as
+# the reference's own ops are (a kernel registered over aten::equal would blind the watch)
+REFERENCE_CHECK_OPS = frozenset({"aten::equal", "aten::bitwise_xor", "aten::index_select", "aten::cat"})
 
 # Every call of a model (correctness, ablation and hidden trials, warm-up, timed batches) starts at this Python stack
 # depth. A forward can measure its depth without any forbidden name (recursing until RecursionError, swallowed by a
@@ -965,27 +968,37 @@ class DeviceSession:
         return False
 
     def _watch_reference(self) -> None:
-        """Record the timed reference's tensors (parameters, buffers, tensor attributes, the task module's tensors) as
-        it is built, before any candidate code runs again. Nothing the parent compares comes from that model (its
-        outputs are never checked), so native code that writes into its weights slows only the reference's timed
-        calls: the freed source model's memory is reused for it, and it holds the very values the candidate's
-        load_state_dict was handed (denormals written there made an x86 core's matmul ~100x slower).
-        ``_check_reference`` compares before the warm-up and before every timed batch.
+        """Record the timed reference's tensors (parameters and buffers, persistent or not, tensor attributes and the
+        tensors in its list, tuple and dict attributes, the task module's tensors) as it is built, before any
+        candidate code runs again. Nothing the parent compares comes from that model (its outputs are never checked),
+        so native code that writes into its weights slows only the reference's timed calls: the freed source model's
+        memory is reused for it, and it holds the very values the candidate's load_state_dict was handed (denormals
+        written there made an x86 core's matmul ~100x slower).
 
-        Each storage's bytes (above ``REFERENCE_SAMPLE_BYTES``, that many at secret random positions) are kept XOR a
-        random mask: a record that holds none of its values, so code that finds the tensor by its values finds no
-        copy to rewrite along with it (a plain clone was found and rewritten too). Writes that could slow the
-        reference are seen: into 1e-3 of a tensor's entries (a matmul ~10 % slower) they are missed with a chance of
-        e^-16. The storages of one device are gathered and compared at once: one synchronisation per check, not one
-        per tensor (a level-3 model holds hundreds, and the check runs before each of ~240 timed batches)."""
-        torch, tb, storages = self.torch, self._tb, {}
+        ``_check_reference`` compares before every warm-up and timed batch of either runner and after each of the
+        candidate's; after each of the reference's own, the record is taken again (`_rebaseline_reference`): what the
+        reference changes itself (BatchNorm's running statistics, an Embedding's max_norm renormalising the rows it
+        looks up) is no finding, whenever it happens. Each storage's bytes (above ``REFERENCE_SAMPLE_BYTES``, that
+        many at random positions) are kept XOR a random mask: a record that holds none of its values, so code that
+        finds the tensor by its values finds no copy to rewrite along with it (a plain clone was found and rewritten
+        too). Denormals written into 1e-3 of a float32 tensor's entries (a matmul ~10 % slower) change ~4e-4 of its
+        bytes: the sample misses them with a chance of about e^-6 (its positions are drawn once). The
+        storages of one device are gathered and compared at once: one synchronisation per check, not one per tensor
+        (a level-3 model holds hundreds). Tensors without a storage (sparse, MKLDNN) are not watched."""
+        tb, storages = self._tb, {}
         values = list(vars(self.task).values())   # tensors the task module keeps (constants its forward reads)
         for module in self.ref_model.modules():
-            values += list(module.state_dict(keep_vars=True).values()) + list(vars(module).values())
+            values += [*module.parameters(recurse=False), *module.buffers(recurse=False), *vars(module).values()]
         for v in values:
-            for t in (v if isinstance(v, (list, tuple)) else (v,)):
-                if issubclass(type(t), tb) and tb.untyped_storage(t).nbytes():
-                    storages.setdefault(tb.untyped_storage(t).data_ptr(), t)
+            for t in (v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) else (v,)):
+                if not issubclass(type(t), tb):
+                    continue
+                try:
+                    storage = tb.untyped_storage(t)
+                except (RuntimeError, NotImplementedError):   # sparse, MKLDNN: no storage to read
+                    continue
+                if storage.nbytes():
+                    storages.setdefault(storage.data_ptr(), t)
         by_device: dict = {}
         for t in storages.values():
             by_device.setdefault(tb.untyped_storage(t).device, []).append(t)
@@ -1023,31 +1036,40 @@ class DeviceSession:
             parts.append(raw if idx is None else self._index_select(raw, 0, idx))
         return self._cat(parts)
 
-    def _check_reference(self, settle: bool = False) -> None:
-        """A ``reference_tampering`` finding when a watched tensor of the timed reference changed since it was built.
-        With ``settle`` (right after the reference's own warm-up calls, no candidate code in between): stop watching
-        what the reference changes itself (BatchNorm's running statistics in training mode)."""
+    def _check_reference(self) -> None:
+        """A ``reference_tampering`` finding when a watched tensor of the timed reference changed since the record was
+        last taken (built, or after the reference's own calls: `_rebaseline_reference`)."""
         if self._ref_watch is None:
             return
         changed = total = 0
         for record in self._ref_watch:
             total += len(record["entries"])
             now = self._ref_bytes(record)
-            if now is not None and self._equal(self._xor(now, record["mask"]), record["kept"]):
-                continue
-            if not settle:
+            if now is None or not self._equal(self._xor(now, record["mask"]), record["kept"]):
                 changed += self._ref_changed(record, now)
-                continue
-            record["entries"] = [e for e, same in zip(record["entries"], self._ref_same(record, now)) if same]
-            if record["entries"]:
-                raw = self._ref_bytes(record)
-                record["mask"] = record["mask"][:raw.numel()]
-                record["kept"] = self._xor(raw, record["mask"])
-        if settle:
-            self._ref_watch = [r for r in self._ref_watch if r["entries"]]
-        elif changed:
+        if changed:
             self._finding("reference_tampering", f"{changed} of the {total} weights and buffers of the reference "
                                                  "timed in this process changed after it was built")
+
+    def _rebaseline_reference(self) -> None:
+        """Take the record again after the reference's own calls, with no candidate code since the check before
+        them: what the reference changes itself is its state from now on. A storage it swapped or resized itself
+        (a lazily grown buffer) is watched as it is now."""
+        if self._ref_watch is None:
+            return
+        tb = self._tb
+        for record in self._ref_watch:
+            now = self._ref_bytes(record)
+            if now is None:
+                keep = [e for e in record["entries"] if tb.untyped_storage(e[0]).data_ptr() == e[4]
+                        and tb.untyped_storage(e[0]).nbytes() == e[1]]
+                record["entries"] = keep
+                if not keep:
+                    continue
+                now = self._ref_bytes(record)
+                record["mask"] = record["mask"][:now.numel()]
+            record["kept"] = self._xor(now, record["mask"])
+        self._ref_watch = [r for r in self._ref_watch if r["entries"]]
 
     def _ref_same(self, record: dict, now) -> list[bool]:
         """Per watched storage of ``record``: unchanged (the slow path, after a whole-record mismatch)."""
@@ -1184,7 +1206,6 @@ class DeviceSession:
             nbytes = timing.flush_bytes(self.backend, _Cfg(self.job), 0)
             self.flusher = timing.CacheFlusher(self.device, nbytes)
         self._full_check = True   # every op's kernels once more before timing; from now on the reference's ops
-        self._check_reference()   # untouched since it was built (the correctness trials ran the candidate)
         if msg.get("compile_ref") and self.compiled_ref is None:
             self.integrity()
             bg = self._bg_cpu_ms()
@@ -1194,13 +1215,15 @@ class DeviceSession:
         for runner in msg["runners"]:
             model = self._model(runner)
             self.integrity()
+            self._check_reference()   # untouched since the record was taken (the correctness trials ran the candidate)
             if runner == "ref" and self.state is not None:
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
                 with self.backend.profiler() as prof:
                     model(*args)
                     self.timer.synchronize()
                 del args   # one input set at a time: a full-size task's inputs are gigabytes
-                self.state.watch({e.name for e in prof.function_events})
+                # the reference's ops, and those its watch compares with (`_check_reference`)
+                self.state.watch({e.name for e in prof.function_events} | REFERENCE_CHECK_OPS)
             if runner == "ref_compile":   # compiling may legitimately touch global state and start threads
                 bg = self._bg_cpu_ms()
             times, enqueues = [], []
@@ -1213,8 +1236,8 @@ class DeviceSession:
                 times.append(ms)
                 output_bytes[runner] = self._nbytes(out)
                 del out
-            if runner == "ref":
-                self._check_reference(settle=True)
+            if runner != "cand":
+                self._rebaseline_reference()
             est_ms[runner] = min(times)
             # the median call's dispatch (the first call's lazy set-up would size every spin to the cap)
             enqueue_ms = max(enqueue_ms, statistics.median(enqueues))
@@ -1267,13 +1290,19 @@ class DeviceSession:
         runner = msg["runner"]
         model = self._model(runner)
         calls = [(lambda a=a: model(*a)) for a in self.args[runner]]
-        self._check_reference()   # before either runner's batch (the same cost in both walls)
         self.integrity()   # restores global state the candidate changed: the reference runs as it should
+        self._check_reference()   # ... and its weights (through ops the integrity check just saw unreplaced)
         gc.disable()
         try:
             batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, inputs.reseed_unpredictably))
         finally:
             gc.enable()
+        # one pass of the watch after either runner's batch too (the same cost in both walls): after the candidate's
+        # a check, after the reference's the record taken again (what it changed itself is no finding)
+        if runner == "cand":
+            self._check_reference()
+        else:
+            self._rebaseline_reference()
         from verifier.correctness import flatten_outputs
         plain, shared, seen = True, False, set()
         tb = self._tb
