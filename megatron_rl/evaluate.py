@@ -426,6 +426,8 @@ def _family(task) -> str:
 # ------------------------------------------------------------------------------------------ progress (resume)
 
 PROGRESS_FILE = "results.partial.jsonl"
+#: how a stopped run is continued (with --fresh the same command would move the kept tasks aside again)
+CONTINUE_HINT = "run the same command (without --fresh) to continue"
 PROGRESS_FORMAT = 1
 
 
@@ -613,7 +615,7 @@ class Progress:
         """What a stopped run keeps, for its error message."""
         if not self.records:
             return ""
-        return f"; {len(self.records)} finished tasks are kept in {self.path}: run the same command to continue"
+        return f"; {len(self.records)} finished tasks are kept in {self.path}: {CONTINUE_HINT}"
 
     def close(self) -> None:
         if self._fh is not None:
@@ -1045,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Interrupted as e:    # the reports are written at the end, whole; finished tasks are in the progress file
         if e.kept:
-            print(f"interrupted: {e.kept} tasks finished are kept in {e.path}; run the same command to continue "
+            print(f"interrupted: {e.kept} tasks finished are kept in {e.path}; {CONTINUE_HINT} "
                   f"(the reports are written when every task is done)", file=sys.stderr)
         else:
             print(f"interrupted: nothing written to {cfg.out}'s results or reports (a previous run's are as they "

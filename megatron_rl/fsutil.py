@@ -300,8 +300,23 @@ def output_lock(target: str | os.PathLike, what: str, wait_s: float = 0.0) -> It
     waited = False
     with contextlib.suppress(FileExistsError):   # a file there: the open below says "Not a directory"
         path.parent.mkdir(parents=True, exist_ok=True)
+    stale = 0
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise named_os_error(e, path) from e
+            # the output's folder is not writable (a provisioned output under a read-only parent): a lock file
+            # inside an existing output folder instead, else no lock
+            inside = target / ".lock"
+            if target.is_dir() and path != inside:
+                path = inside
+                continue
+            log.warning("%s: cannot create a lock file (%s): a second run on %s would not be refused", path,
+                        e.strerror, target)
+            yield path
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -315,13 +330,19 @@ def output_lock(target: str | os.PathLike, what: str, wait_s: float = 0.0) -> It
                 time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
                 continue
             raise OutputBusyError(f"{target} is in use by another {what} ({holder}); wait for it to end or choose "
-                                  f"another output") from None
+                                  f"another output (if that process is gone, e.g. its node died and a shared "
+                                  f"filesystem still holds its lock, remove {path})") from None
         except OSError as e:
             os.close(fd)
+            if e.errno == errno.ESTALE and stale < 5:   # NFS: the holder removed the file as we locked it
+                stale += 1
+                continue
             if e.errno not in _NO_FLOCK:
                 raise named_os_error(e, path) from e
             log.warning("%s: this filesystem has no file locks (%s): a second run on %s would not be refused",
                         path, e.strerror, target)
+            with contextlib.suppress(OSError):   # nothing to hold: leave no file (a folder we made can go again)
+                os.unlink(path)
             fd = None
             break
         # a holder that released the lock removed the file we opened: lock the file now at the path instead

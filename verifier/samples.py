@@ -164,7 +164,8 @@ class ResultsWriter:
         out = Path(self.out_path)
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         try:
-            os.fchmod(fd, 0o666 & ~_umask())   # a plain open's mode, not mkstemp's 0600
+            with contextlib.suppress(OSError):   # a plain open's mode, not mkstemp's 0600 (vfat, CIFS: no chmod)
+                os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for r in rows:
                     f.write(json.dumps(r, default=str) + "\n")

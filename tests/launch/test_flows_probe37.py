@@ -537,3 +537,28 @@ def test_evaluate_out_under_a_file_is_refused_before_the_run(setup, capsys):
     (setup.tmp / "afile").write_text("x")
     rc, err, ran = _run(setup, capsys, "afile/out")
     assert rc == 2 and ran == [] and "--out" in err and "cannot create the folder" in err, err
+
+
+def test_an_output_under_a_read_only_parent_is_locked_inside_itself_or_runs_unlocked(tmp_path, monkeypatch):
+    """A provisioned output folder whose parent is not writable (a container mount under a read-only /) was refused:
+    the lock file beside it could not be made. It is locked inside the folder then, and a second run is still
+    refused; an output that does not exist yet runs unlocked, with a warning."""
+    from megatron_rl.fsutil import OutputBusyError, output_lock
+
+    out = tmp_path / "ro" / "run"
+    out.mkdir(parents=True)
+    real_open = os.open
+
+    def no_create_in_ro(path, flags, *a, **k):
+        if Path(path).parent == tmp_path / "ro" and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", no_create_in_ro)
+    with output_lock(out, "SFT run") as path:
+        assert path == out / ".lock"
+        with pytest.raises(OutputBusyError, match="remove"):
+            with output_lock(out, "SFT run"):
+                pass
+    with output_lock(tmp_path / "ro" / "new", "SFT run") as path:   # no folder to lock inside: unlocked
+        assert not path.exists()

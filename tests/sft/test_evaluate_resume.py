@@ -129,7 +129,7 @@ def test_an_interrupted_run_keeps_its_finished_tasks_and_the_same_command_finish
     out = setup.tmp / "out"
     rc, err, ran = _run(setup, capsys, "out", stop_after=2)           # Ctrl-C while the third group runs
     assert rc == 130 and ran == ORDER[:2]
-    assert f"interrupted: 2 tasks finished are kept in {out / PROGRESS_FILE}; run the same command to continue" in err
+    assert f"interrupted: 2 tasks finished are kept in {out / PROGRESS_FILE}; run the same command (without --fresh) to continue" in err
     header, records = _progress(out)
     assert header["fingerprint"]["samples"] == 2 and [r["task_id"] for r in records] == ORDER[:2]
     assert not (out / "results.jsonl").exists() and not (out / "summary.json").exists()
