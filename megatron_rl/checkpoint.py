@@ -360,7 +360,7 @@ def _save_failure(final: Path, tmp: Path, e: BaseException, rank: int) -> str:
     would remove it anyway). A full disk, a quota or a read-only or vanished folder is named as such
     (`write_problem`): torch's checkpoint writer reports one as ``unexpected pos 704 vs 598``. The pointer is not
     touched: ``--resume`` continues from the checkpoint it names, which the message says."""
-    problem = write_problem(tmp if tmp.is_dir() else tmp.parent)
+    problem = write_problem(tmp.parent)   # not tmp: rank 0 removes it while the other ranks would probe it
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     if problem is not None:

@@ -426,6 +426,8 @@ def _family(task) -> str:
 # ------------------------------------------------------------------------------------------ progress (resume)
 
 PROGRESS_FILE = "results.partial.jsonl"
+#: unscored groups a resumed run evaluates again (`GroupResult.status`)
+RETRIED_STATUSES = ("infra", "aborted")
 #: how a stopped run is continued (with --fresh the same command would move the kept tasks aside again)
 CONTINUE_HINT = "run the same command (without --fresh) to continue"
 PROGRESS_FORMAT = 1
@@ -562,8 +564,11 @@ class Progress:
                               f"tasks done in {path}; differing: {what}): run it with its own settings to continue, "
                               f"pass --fresh to move it aside and start over, or choose another --out")
         latest = {r["task_id"]: r for r in records}    # a task evaluated again after an edit: its last line
-        kept = {tid: r for tid, r in latest.items() if keys.get(tid) == r.get("key")}
-        changed = [tid for tid in latest if tid in keys and tid not in kept]
+        # a group lost to the run's own trouble (persistent infra verdicts, an aborted generation: the farm or the
+        # engine dying as the run did) is no result: evaluated again; one the task itself decided is kept
+        kept = {tid: r for tid, r in latest.items() if keys.get(tid) == r.get("key")
+                and (r.get("unscored") or "").split(":")[0] not in RETRIED_STATUSES}
+        changed = [tid for tid in latest if tid in keys and tid not in kept and keys[tid] != latest[tid].get("key")]
         gone = [tid for tid in latest if tid not in keys]
         if changed:
             log.warning("%s: %d finished tasks changed since (their source or precision), evaluated again: %s", path,

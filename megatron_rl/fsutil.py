@@ -294,7 +294,7 @@ def output_lock(target: str | os.PathLike, what: str, wait_s: float = 0.0) -> It
     descriptor is not inherited by exec'd children (ranks, engines), whose lifetime would otherwise hold it. With
     ``wait_s``, a held lock is waited for that long before the refusal: a requeued slurm job whose previous node died
     finds that node's lock on a shared filesystem until its lease runs out (NFS: about 90 s)."""
-    target = Path(target)
+    target = Path(target).resolve()   # `--out .`, `--out link` and the absolute path are one output: one lock
     path = lock_file(target)
     deadline = time.monotonic() + wait_s
     waited = False

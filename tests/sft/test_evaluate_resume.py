@@ -265,3 +265,21 @@ def test_ctrl_c_before_any_task_finished_keeps_nothing_and_says_so(setup, capsys
         f"interrupted: nothing written to {out}'s results or reports (a previous run's are as they were): no task "
         f"had finished")
     assert not (out / PROGRESS_FILE).exists()
+
+
+def test_a_group_lost_to_infra_is_evaluated_again_on_resume(setup, capsys, monkeypatch):
+    """A task unscored for the run's own trouble (persistent infra verdicts: the farm died with the run) is no result
+    to keep: the resumed run evaluates it again, the finished ones not."""
+    import megatron_rl.evaluate as ev
+
+    monkeypatch.setattr(ev, "_task_key", lambda task, precision: "k")   # a record written by hand matches
+    out = setup.tmp / "infra"
+    rc, err, ran = _run(setup, capsys, "infra", stop_after=2)
+    assert rc == 130 and ran == ORDER[:2], err
+    lost = {"task_id": ORDER[2], "key": "k", "family": None, "unscored": "infra: the farm died with the run",
+            "rows": []}
+    with open(out / PROGRESS_FILE, "a") as f:
+        f.write(json.dumps(lost) + "\n")
+    rc, err, ran = _run(setup, capsys, "infra")
+    assert rc == 0 and ran == ORDER[2:], err                       # the lost task again, the kept ones not
+    assert f"resuming: 2 of 4 tasks already done in {out / PROGRESS_FILE}" in err
