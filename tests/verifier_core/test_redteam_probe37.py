@@ -197,8 +197,13 @@ def test_the_weight_poisoning_needs_no_name_the_static_rules_know():
 
 @pytest.mark.slow
 def test_denormals_written_into_the_timed_references_weights_are_caught(make_cfg, no_static_stage):
-    """Before the fix: a pass at 8.1x for a kernel that is ~1.3x against an untouched reference."""
+    """Before the fix: a pass at 8.1x for a kernel that is ~1.3x against an untouched reference. The attack finds the
+    weights by scanning a heap range it guesses; where the allocator put them elsewhere (seen once under a parallel
+    test run) nothing is written, and the kernel is the honest one: a pass at its own ~1x, never a fast one."""
     r = verify(load_task(task_path("linear")), native(POISONING), make_cfg())
+    if r.category == Category.PASS:
+        assert r.speedup is not None and r.speedup < 3, (r.speedup, r.feedback)
+        return
     expect(r, Category.CHEATING, "reference_tampering")
     assert "changed after it was built" in r.feedback
 
