@@ -194,7 +194,9 @@ PYEOF
 
 ray_job_submit() {  # ray_job_submit CMD... : run CMD as a Ray job on the head; its exit status
   local script="$LOG_DIR/driver_command.sh" id="slurm-${SLURM_JOB_ID}-${RESTART_COUNT}"
-  { echo "#!/usr/bin/env bash"; echo "cd $(printf %q "$REPO_DIR")"; printf '%q ' "$@"; echo; } > "$script"
+  # the driver runs under Ray's job server, not this shell: the requeue count it reads (the lock wait) goes with it
+  { echo "#!/usr/bin/env bash"; echo "cd $(printf %q "$REPO_DIR")"; echo "export SLURM_RESTART_COUNT=$RESTART_COUNT"
+    printf '%q ' "$@"; echo; } > "$script"
   bash -n "$script" || _die "the generated $script does not parse"
   _log "ray job submit ($id): $*"
   "$PY" -m ray.scripts.scripts job submit --address="$RAY_DASHBOARD_URL" --submission-id="$id" \
