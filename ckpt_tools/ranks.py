@@ -79,6 +79,8 @@ def staged_output(out_dir: str | os.PathLike) -> Iterator[Path]:
         for d in reversed(created):
             d.mkdir()
         lock.enter_context(output_lock(out, "conversion"))
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):   # filled while this one waited for the lock
+            raise OutputBusyError(f"output {out} already exists and is not empty; refusing to overwrite it")
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
