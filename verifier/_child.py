@@ -1028,13 +1028,19 @@ class DeviceSession:
     def _ref_bytes(self, record: dict):
         """The watched bytes of one device's storages now, in record order; None when a tensor was given another
         storage (or its storage was resized)."""
-        tb, parts = self._tb, []
-        for t, n, idx, raw, ptr in record["entries"]:
-            storage = tb.untyped_storage(t)
-            if storage.data_ptr() != ptr or storage.nbytes() != n:
+        parts = []
+        for entry in record["entries"]:
+            if not self._same_storage(entry):
                 return None
+            raw, idx = entry[3], entry[2]
             parts.append(raw if idx is None else self._index_select(raw, 0, idx))
         return self._cat(parts)
+
+    def _same_storage(self, entry: tuple) -> bool:
+        """The watched tensor of ``entry`` still has the storage recorded for it (not swapped, not resized)."""
+        t, n, _, _, ptr = entry
+        storage = self._tb.untyped_storage(t)
+        return storage.data_ptr() == ptr and storage.nbytes() == n
 
     def _check_reference(self) -> None:
         """A ``reference_tampering`` finding when a watched tensor of the timed reference changed since the record was
@@ -1046,23 +1052,21 @@ class DeviceSession:
             total += len(record["entries"])
             now = self._ref_bytes(record)
             if now is None or not self._equal(self._xor(now, record["mask"]), record["kept"]):
-                changed += self._ref_changed(record, now)
+                changed += max(1, self._ref_same(record, now).count(False))
         if changed:
             self._finding("reference_tampering", f"{changed} of the {total} weights and buffers of the reference "
                                                  "timed in this process changed after it was built")
 
     def _rebaseline_reference(self) -> None:
         """Take the record again after the reference's own calls, with no candidate code since the check before
-        them: what the reference changes itself is its state from now on. A storage it swapped or resized itself
-        (a lazily grown buffer) is watched as it is now."""
+        them: what the reference changes itself is its state from now on. A tensor it gave another storage, or
+        whose storage it resized (a lazily grown buffer), is no longer watched."""
         if self._ref_watch is None:
             return
-        tb = self._tb
         for record in self._ref_watch:
             now = self._ref_bytes(record)
             if now is None:
-                keep = [e for e in record["entries"] if tb.untyped_storage(e[0]).data_ptr() == e[4]
-                        and tb.untyped_storage(e[0]).nbytes() == e[1]]
+                keep = [e for e in record["entries"] if self._same_storage(e)]
                 record["entries"] = keep
                 if not keep:
                     continue
@@ -1073,19 +1077,14 @@ class DeviceSession:
 
     def _ref_same(self, record: dict, now) -> list[bool]:
         """Per watched storage of ``record``: unchanged (the slow path, after a whole-record mismatch)."""
-        tb = self._tb
         if now is None:
-            return [tb.untyped_storage(t).data_ptr() == ptr and tb.untyped_storage(t).nbytes() == n
-                    for t, n, _, _, ptr in record["entries"]]
+            return [self._same_storage(e) for e in record["entries"]]
         same, at = [], 0
         for _, n, idx, _, _ in record["entries"]:
             k = n if idx is None else idx.numel()
             same.append(self._equal(self._xor(now[at:at + k], record["mask"][at:at + k]), record["kept"][at:at + k]))
             at += k
         return same
-
-    def _ref_changed(self, record: dict, now) -> int:
-        return max(1, self._ref_same(record, now).count(False))
 
     # -- requests ---------------------------------------------------------------------------------
     def construct(self, msg):

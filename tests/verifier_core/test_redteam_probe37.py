@@ -370,18 +370,12 @@ def test_the_reference_record_holds_no_copy_and_sees_writes_into_a_large_tensor(
     """White box: a big weight is sampled (the check's cost follows the number of tensors, not their size), a small
     one kept whole; the record holds none of the weights' bytes, one device's storages are compared at once, and
     denormals written into a thousandth of the big one are seen, as is a storage resized."""
-    import types
-
     import torch
 
-    from verifier._child import REFERENCE_SAMPLE_BYTES, DeviceSession
+    from verifier._child import REFERENCE_SAMPLE_BYTES
 
-    session = DeviceSession.__new__(DeviceSession)
-    session.torch, session._tb, session._equal, session.findings = torch, torch._C.TensorBase, torch.equal, []
-    session._xor, session._cat, session._index_select = torch.bitwise_xor, torch.cat, torch.index_select
-    session.task = types.SimpleNamespace(CONSTANT=torch.randn(16))
-    session.ref_model = torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 8))
-    session._watch_reference()
+    session = _white_box_session(torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 8)),
+                                 CONSTANT=torch.randn(16))
     (record,) = session._ref_watch                            # one device: one record
     assert len(record["entries"]) == 5                        # four parameters and the task's constant
     big, small = session.ref_model[0].weight, session.ref_model[1].bias
