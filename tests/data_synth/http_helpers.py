@@ -36,9 +36,9 @@ class ScriptedTeacher:
         return web.json_response({"object": "list", "data": [{"id": "scripted-teacher", "object": "model"}]})
 
     def start(self) -> str:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        sock = socket.socket()   # bound here and handed to the site: no window for another process to take the port
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
         ready = threading.Event()
 
         def run():
@@ -48,7 +48,7 @@ class ScriptedTeacher:
             app.router.add_get("/v1/models", self._models)
             self._runner = web.AppRunner(app)
             self._loop.run_until_complete(self._runner.setup())
-            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            self._loop.run_until_complete(web.SockSite(self._runner, sock).start())
             ready.set()
             self._loop.run_forever()
 
@@ -64,8 +64,3 @@ class ScriptedTeacher:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -11,11 +11,12 @@ from data_synth.distill import DistillConfig, EndpointError, distill
 from data_synth.taskset import read_task_set
 from data_synth.teacher import offline_answer
 from data_synth.util import DataSynthError
+from megatron_rl.ports import free_port
 from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
 from megatron_rl.rollout.embedded_server import EmbeddedServer, load_model
 
 from conftest import FAST_VERIFIER
-from http_helpers import ScriptedTeacher, free_port
+from http_helpers import ScriptedTeacher
 
 
 def test_unreachable_endpoint_is_a_clear_error_and_writes_nothing(tmp_path, teacher_set, capsys):
