@@ -8,6 +8,7 @@ Exit codes: 0 done; 2 bad input (the message names the file, row or value), or a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from megatron_rl.fsutil import OutputBusyError, describe_os_error
+from megatron_rl.fsutil import OutputBusyError, describe_os_error, output_lock
 from verifier.samples import output_file_problem
 
 from .decontam import DEFAULT_THRESHOLD, Decontaminator
@@ -371,12 +372,23 @@ COMMANDS = {"generate": cmd_generate, "validate": cmd_validate, "decontaminate":
             "diagnose": cmd_diagnose, "distill": cmd_distill, "rft": cmd_rft}
 
 
+def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """The command's ``--out`` locked for its whole run (`megatron_rl.fsutil.output_lock`): a second command on the
+    same output is refused before its work, not after it when both replace the folder. ``distill`` locks its own
+    (it keeps a resumable ``OUT.partial`` beside it)."""
+    out = getattr(args, "out", None)
+    if not out or args.command == "distill":
+        return contextlib.nullcontext()
+    return output_lock(out, f"data_synth {args.command}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     t0 = time.time()
     try:
-        summary = COMMANDS[args.command](args)
+        with _out_lock(args):   # the commands' "already exists" checks run under it
+            summary = COMMANDS[args.command](args)
     except (DataSynthError, EndpointError, OutputBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,6 +9,7 @@ from data_synth.generate import GenConfig, generate_candidate, stage1_ops
 from data_synth.ops import FAMILIES, REGISTRY
 from data_synth.taskset import read_task_set
 from data_synth.util import DataSynthError
+from megatron_rl.fsutil import output_lock
 from megatron_rl.rollout.prompts import describe_task_inputs, task_prompt_text
 from verifier.size_profiles import apply_size_profile, load_tasks, module_constants
 from verifier.tasks import load_task_set
@@ -144,3 +145,18 @@ def test_force_never_replaces_a_file_with_a_task_folder(tmp_path, capsys):
     assert cli.main(["--no-progress", "generate", "--n", "2", "--out", str(out), "--force"]) == 2
     assert "is a file, not an output folder" in capsys.readouterr().err
     assert out.read_text() == "keep me" and os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_a_second_command_on_the_same_output_is_refused_before_its_work(tmp_path, capsys):
+    """Two `generate --force` runs on one folder would each work, then replace the folder under the other's rename
+    (one failing after its work, with a hidden temp left behind): the second is refused at once, naming the holder."""
+    out = tmp_path / "tasks"
+    with output_lock(out, "data_synth generate"):
+        assert cli.main(["--no-progress", "generate", "--n", "2", "--no-validate", "--no-decontaminate",
+                         "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "in use by another data_synth generate" in err and f"pid {os.getpid()}" in err
+    assert os.listdir(tmp_path) == []   # nothing generated or written, and the lock file went with its holder
+    assert cli.main(["--no-progress", "generate", "--n", "2", "--no-validate", "--no-decontaminate",
+                     "--out", str(out)]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["tasks"]
