@@ -24,6 +24,7 @@ reply; like the rest of the child's reports they can only make the parent's verd
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import mmap
 import os
@@ -44,6 +45,21 @@ _ERR_TAIL = 4000
 
 
 _getframe = sys._getframe
+# Garbage collection around model calls. A candidate's finalizers (``__del__``, a generator's ``finally``) run when
+# its cyclic garbage is collected, so where a collection can happen tells calls apart: a timed batch ran with the
+# collector off, a trial with it on, and a forward that dropped a cycle holding a ``__del__`` and then allocated
+# ~1000 objects learnt whether it was checked (kernel when profiled, ATen in the timed calls, whose outputs the
+# audits check by value only). Every model call now starts right after a full collection and runs with the
+# collector off (``settle_garbage``, then ``gc.disable``); the interpreter's own objects are frozen before the
+# candidate is imported (``gc.freeze``), so a full collection costs microseconds.
+_gc_collect, _gc_disable, _gc_enable, _gc_freeze = gc.collect, gc.disable, gc.enable, gc.freeze
+
+
+def settle_garbage() -> None:
+    """Collect every unreachable cycle now (its finalizers run here, outside any call), as before every model call."""
+    _gc_collect()
+
+
 # Bytes of a timed reference tensor's storage that ``DeviceSession._check_reference`` compares: all of a smaller one,
 # this many at secret positions of a larger one (a check's cost follows the number of tensors, not their size)
 REFERENCE_SAMPLE_BYTES = 1 << 14
@@ -704,11 +720,26 @@ class DeviceSession:
         self._ablation["poisoned"] += 1
 
     def _model_tensors(self) -> set[int]:
-        """Storages of the candidate model's parameters, buffers and tensor attributes."""
+        """Storages of the candidate model's parameters, buffers and tensor attributes. Read from the modules'
+        instance dicts through ``nn.Module``'s own ``__dict__`` slot and ``dict``'s C methods, so that no code of the
+        candidate's runs: this is read in ablation trials only, and an overridden ``state_dict``/``modules`` (or a
+        state-dict hook) that ran here told the ablation trial apart (a decoy ran its kernel for real only there)."""
         tb, found = self._tb, set()
-        for module in self.new_model.modules():
-            values = list(module.state_dict(keep_vars=True).values()) + list(vars(module).values())
+        instance_dict = self.torch.nn.Module.__dict__["__dict__"].__get__
+        stack, seen = [self.new_model], set()
+        while stack:
+            module = stack.pop()
+            if id(module) in seen or not issubclass(type(module), self.torch.nn.Module):
+                continue
+            seen.add(id(module))
+            own = instance_dict(module)
+            values = list(dict.values(own))
+            for key in ("_parameters", "_buffers"):
+                if issubclass(type(dict.get(own, key)), dict):
+                    values += dict.values(dict.get(own, key))
             found |= {tb.untyped_storage(v).data_ptr() for v in values if issubclass(type(v), tb)}
+            if issubclass(type(dict.get(own, "_modules")), dict):
+                stack += dict.values(dict.get(own, "_modules"))
         return found
 
     # -- guards ---------------------------------------------------------------------------------
@@ -743,6 +774,8 @@ class DeviceSession:
         self._ns_before = _op_namespaces(torch)
         self._bg_base = self._bg_cpu_ms()
         self._threads_base = self._threads()
+        settle_garbage()
+        _gc_freeze()   # the harness's and torch's objects: a full collection before each model call scans the rest
 
     def _rearm(self, bg_before: float) -> None:
         """After torch.compile imported dynamo (it wraps torch functions) or compiled (threads, global state):
@@ -753,6 +786,8 @@ class DeviceSession:
         self.state.kernels = dispatch_tables(self.torch, list(self.state.kernels))
         self.harness = HarnessGuard(*self._guarded)
         self._harness_changed = self.harness.changed
+        settle_garbage()
+        _gc_freeze()   # what compiling made (dynamo's caches), as at arming
 
     def after_import(self) -> None:
         self.own_namespaces = _op_namespaces(self.torch) - self._ns_before
@@ -1129,15 +1164,20 @@ class DeviceSession:
             self.client.ablator = self._ablated_call
         own, hits = self.client.module_names, [0]
 
-        inputs.reseed_unpredictably()
-        with self.backend.profiler() as prof:
-            stop = _watch_calls(own, hits)
-            try:
-                out = at_call_depth(lambda: call_once(lambda: self.new_model(*args)))
-            finally:
-                stop()
-                self.client.ablator = None
-            self.timer.synchronize()
+        settle_garbage()   # as in a timed batch: all garbage collected before the call, none during it
+        _gc_disable()
+        try:
+            inputs.reseed_unpredictably()
+            with self.backend.profiler() as prof:
+                stop = _watch_calls(own, hits)
+                try:
+                    out = at_call_depth(lambda: call_once(lambda: self.new_model(*args)))
+                finally:
+                    stop()
+                    self.client.ablator = None
+                self.timer.synchronize()
+        finally:
+            _gc_enable()
         ms["trial_forward"], t = (now() - t) * 1e3, now()
         events = prof.function_events
         ops, custom = fallback.outermost_ops(events, _op_namespaces(torch) - self.own_namespaces)
@@ -1229,8 +1269,13 @@ class DeviceSession:
             for _ in range(max(int(msg["n"]), 1)):
                 args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
                 input_bytes = self._nbytes(args)
-                inputs.reseed_unpredictably()
-                out, ms, _ = at_call_depth(lambda: self.timer.time_call(lambda: model(*args)))
+                settle_garbage()
+                _gc_disable()
+                try:
+                    inputs.reseed_unpredictably()
+                    out, ms, _ = at_call_depth(lambda: self.timer.time_call(lambda: model(*args)))
+                finally:
+                    _gc_enable()
                 enqueues.append(self.timer.last_enqueue_ms)
                 times.append(ms)
                 output_bytes[runner] = self._nbytes(out)
@@ -1283,19 +1328,21 @@ class DeviceSession:
         return {"op": "prepared", "harness_ms": {"timing_inputs": (self.timer.now() - t) * 1e3}}
 
     def call(self, msg):
-        import gc
-
         from verifier import inputs
         runner = msg["runner"]
         model = self._model(runner)
         calls = [(lambda a=a: model(*a)) for a in self.args[runner]]
         self.integrity()   # restores global state the candidate changed: the reference runs as it should
         self._check_reference()   # ... and its weights (through ops the integrity check just saw unreplaced)
-        gc.disable()
+
+        def before_each():   # in each call's flush interval, as before a trial's call
+            settle_garbage()
+            inputs.reseed_unpredictably()
+        _gc_disable()
         try:
-            batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, inputs.reseed_unpredictably))
+            batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, before_each))
         finally:
-            gc.enable()
+            _gc_enable()
         # one pass of the watch after either runner's batch too (the same cost in both walls): after the candidate's
         # a check, after the reference's the record taken again (what it changed itself is no finding)
         if runner == "cand":
