@@ -1,4 +1,4 @@
-"""What the verifier child's watch of the timed reference (`DeviceSession._check_reference`, run before the warm-up and
+"""What the verifier child's watch of the timed reference (`verifier._child.ReferenceWatch.check`, run before the warm-up and
 before every timed batch of both runners, ~240 per check) costs per check, against the per-tensor form it replaced
 (each storage sampled, masked and compared on its own: one synchronisation per tensor), and against one timed call of
 the model itself. Models: a level-1-like Linear (2 tensors) and a level-3-like stack of 100 Conv2d + BatchNorm2d (700
@@ -19,18 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import emit_json  # noqa: E402
-from verifier._child import REFERENCE_SAMPLE_BYTES, DeviceSession  # noqa: E402
-
-
-def _session(model, device) -> DeviceSession:
-    s = DeviceSession.__new__(DeviceSession)
-    s.torch, s._tb, s._equal, s.findings = torch, torch._C.TensorBase, torch.equal, []
-    s._xor, s._cat, s._index_select = torch.bitwise_xor, torch.cat, torch.index_select
-    s.task = types.SimpleNamespace()
-    s.ref_model = model.to(device).eval()
-    s._watch_reference()
-    s._rebaseline_reference()
-    return s
+from verifier._child import REFERENCE_SAMPLE_BYTES, ReferenceWatch, TensorOps  # noqa: E402
 
 
 def _per_tensor_check(tensors, device):
@@ -76,16 +65,17 @@ def main(argv=None) -> int:
                                torch.randn(8, 64, 32, 32))}
     rows = {}
     for name, (model, x) in models.items():
-        s = _session(model, device)
-        (record,) = s._ref_watch
+        model = model.to(device).eval()
+        watch = ReferenceWatch(model, types.SimpleNamespace(), TensorOps.capture(torch))
+        (record,) = watch.records
         tensors = [t for t, *_ in record["entries"]]
         x = x.to(device)
         with torch.no_grad():
             rows[name] = {"tensors": len(tensors), "bytes_compared": record["kept"].numel(),
-                          "check_ms": round(_ms(s._check_reference, device, a.reps), 3),
+                          "check_ms": round(_ms(watch.check, device, a.reps), 3),
                           "per_tensor_check_ms": round(_ms(_per_tensor_check(tensors, device), device, a.reps), 3),
-                          "model_call_ms": round(_ms(lambda: s.ref_model(x), device, a.reps), 3)}
-        assert s.findings == [], s.findings
+                          "model_call_ms": round(_ms(lambda: model(x), device, a.reps), 3)}
+        assert watch.check() is None
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     emit_json({"device": str(device), "gpu": gpu, "torch": torch.__version__, "reps": a.reps, "models": rows}, a.out)
     return 0

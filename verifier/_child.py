@@ -23,6 +23,7 @@ reply; like the rest of the child's reports they can only make the parent's verd
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import gc
 import json
@@ -31,6 +32,7 @@ import os
 import statistics
 import sys
 import traceback
+from typing import Any
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -572,6 +574,143 @@ def _op_namespaces(torch) -> set[str]:
     return {name.split("::")[0] for name in torch._C._dispatch_get_all_op_names()}
 
 
+@dataclasses.dataclass(frozen=True)
+class TensorOps:
+    """torch's C functions the child's checks run, captured before any candidate code (a candidate can replace
+    ``torch.Tensor``'s methods and module attributes, not the references taken here)."""
+    torch: Any
+    tb: Any                  # torch._C.TensorBase: its methods are C slots
+    equal: Any
+    xor: Any
+    cat: Any
+    index_select: Any
+
+    @classmethod
+    def capture(cls, torch) -> TensorOps:
+        return cls(torch, torch._C.TensorBase, torch.equal, torch.bitwise_xor, torch.cat, torch.index_select)
+
+
+class ReferenceWatch:
+    """The timed reference's tensors (parameters and buffers, persistent or not, tensor attributes and the tensors in
+    its list, tuple and dict attributes, the task module's tensors), recorded as it is built, before any candidate code
+    runs again. Nothing the parent compares comes from that model (its outputs are never checked), so native code that
+    writes into its weights slows only the reference's timed calls: the freed source model's memory is reused for it,
+    and it holds the very values the candidate's load_state_dict was handed (denormals written there made an x86
+    core's matmul ~100x slower).
+
+    `check` runs before every warm-up and timed batch of either runner and after each of the candidate's; after each
+    of the reference's own, the record is taken again (`rebaseline`): what the reference changes itself (BatchNorm's
+    running statistics, an Embedding's max_norm renormalising the rows it looks up) is no finding, whenever it
+    happens. Each storage's bytes (above ``REFERENCE_SAMPLE_BYTES``, that many at random positions) are kept XOR a
+    random mask: a record that holds none of its values, so code that finds the tensor by its values finds no copy to
+    rewrite along with it (a plain clone was found and rewritten too). Denormals written into 1e-3 of a float32
+    tensor's entries (a matmul ~10 % slower) change ~4e-4 of its bytes: the sample misses them with a chance of about
+    e^-6 (its positions are drawn once). The storages of one device are gathered and compared at once: one
+    synchronisation per check, not one per tensor (a level-3 model holds hundreds). Tensors without a storage
+    (sparse, MKLDNN) are not watched. Every op it runs was captured before the candidate loaded (`TensorOps`)."""
+
+    def __init__(self, model, task, ops: TensorOps):
+        self.ops = ops
+        tb, storages = ops.tb, {}
+        values = list(vars(task).values())   # tensors the task module keeps (constants its forward reads)
+        for module in model.modules():
+            values += [*module.parameters(recurse=False), *module.buffers(recurse=False), *vars(module).values()]
+        for v in values:
+            for t in (v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) else (v,)):
+                if not issubclass(type(t), tb):
+                    continue
+                try:
+                    storage = tb.untyped_storage(t)
+                except (RuntimeError, NotImplementedError):   # sparse, MKLDNN: no storage to read
+                    continue
+                if storage.nbytes():
+                    storages.setdefault(storage.data_ptr(), t)
+        by_device: dict = {}
+        for t in storages.values():
+            by_device.setdefault(tb.untyped_storage(t).device, []).append(t)
+        self.records = [self._record(device, tensors) for device, tensors in by_device.items()]
+
+    def _record(self, device, tensors: list) -> dict:
+        torch, tb = self.ops.torch, self.ops.tb
+        gen = torch.Generator(device=device)
+        gen.seed()   # a secret: /dev/urandom
+        entries = []
+        for t in tensors:
+            storage = tb.untyped_storage(t)
+            n = storage.nbytes()
+            idx = None
+            if n > REFERENCE_SAMPLE_BYTES:
+                idx = torch.randint(0, n, (REFERENCE_SAMPLE_BYTES,), generator=gen, device=device, dtype=torch.int64)
+            # a byte view of the storage made once (a view per check was most of a check's cost for small tensors);
+            # the storage's address, read each check, tells when the tensor was given another one
+            raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+            entries.append((t, n, idx, raw, storage.data_ptr()))
+        record = {"device": device, "entries": entries}
+        raw = self.watched_bytes(record)
+        record["mask"] = torch.empty(raw.numel(), dtype=torch.uint8, device=device).random_(0, 256, generator=gen)
+        record["kept"] = self.ops.xor(raw, record["mask"])
+        return record
+
+    def watched_bytes(self, record: dict):
+        """The watched bytes of one device's storages now, in record order; None when a tensor was given another
+        storage (or its storage was resized)."""
+        parts = []
+        for entry in record["entries"]:
+            if not self._same_storage(entry):
+                return None
+            raw, idx = entry[3], entry[2]
+            parts.append(raw if idx is None else self.ops.index_select(raw, 0, idx))
+        return self.ops.cat(parts)
+
+    def _same_storage(self, entry: tuple) -> bool:
+        """The watched tensor of ``entry`` still has the storage recorded for it (not swapped, not resized)."""
+        t, n, _, _, ptr = entry
+        storage = self.ops.tb.untyped_storage(t)
+        return storage.data_ptr() == ptr and storage.nbytes() == n
+
+    def check(self) -> str | None:
+        """What changed since the record was last taken (built, or after the reference's own calls: `rebaseline`),
+        as a finding's message; None when nothing did."""
+        changed = total = 0
+        for record in self.records:
+            total += len(record["entries"])
+            now = self.watched_bytes(record)
+            if now is None or not self.ops.equal(self.ops.xor(now, record["mask"]), record["kept"]):
+                changed += max(1, self._same(record, now).count(False))
+        if not changed:
+            return None
+        return f"{changed} of the {total} weights and buffers of the reference timed in this process changed after " \
+               "it was built"
+
+    def rebaseline(self) -> None:
+        """Take the record again after the reference's own calls, with no candidate code since the check before
+        them: what the reference changes itself is its state from now on. A tensor it gave another storage, or
+        whose storage it resized (a lazily grown buffer), is no longer watched."""
+        for record in self.records:
+            now = self.watched_bytes(record)
+            if now is None:
+                keep = [e for e in record["entries"] if self._same_storage(e)]
+                record["entries"] = keep
+                if not keep:
+                    continue
+                now = self.watched_bytes(record)
+                record["mask"] = record["mask"][:now.numel()]
+            record["kept"] = self.ops.xor(now, record["mask"])
+        self.records = [r for r in self.records if r["entries"]]
+
+    def _same(self, record: dict, now) -> list[bool]:
+        """Per watched storage of ``record``: unchanged (the slow path, after a whole-record mismatch)."""
+        if now is None:
+            return [self._same_storage(e) for e in record["entries"]]
+        same, at = [], 0
+        for _, n, idx, _, _ in record["entries"]:
+            k = n if idx is None else idx.numel()
+            same.append(self.ops.equal(self.ops.xor(now[at:at + k], record["mask"][at:at + k]),
+                                       record["kept"][at:at + k]))
+            at += k
+        return same
+
+
 class DeviceSession:
     """State of the run mode: models, prepared timing inputs, the last timed candidate output."""
 
@@ -605,15 +744,14 @@ class DeviceSession:
         self.held = None                         # (outputs, ablation restores) of a trial run with "hold"
         self.handed: list[int] = []              # sealed output memfds sent to the parent (closed at the next request)
         self.ref_model = self.new_model = self.compiled_ref = None
-        self._ref_watch = None                   # the timed reference's tensors and veiled copies (_watch_reference)
+        self._ref_watch: ReferenceWatch | None = None   # the timed reference's tensors, veiled (built with it)
         self.args: dict[str, list] = {}
         self.outputs: dict[str, object] = {}   # every output of the current timing trial stays alive
         self.last_cand: list = []
         self.flusher = None
         self.counter = 0
-        self._tb = torch._C.TensorBase          # C methods: a candidate cannot replace them (torch.Tensor's it can)
-        self._equal = torch.equal
-        self._xor, self._cat, self._index_select = torch.bitwise_xor, torch.cat, torch.index_select
+        self._ops = TensorOps.capture(torch)    # C functions: a candidate cannot replace them (torch.Tensor's it can)
+        self._tb, self._equal = self._ops.tb, self._ops.equal
         self.harness = self.state = None        # armed right before the candidate is imported
         self.findings: list[dict] = []          # integrity findings so far (every reply carries them)
         self.own_namespaces: set[str] = set()   # op namespaces the candidate's extensions registered
@@ -1002,124 +1140,15 @@ class DeviceSession:
                     return True
         return False
 
-    def _watch_reference(self) -> None:
-        """Record the timed reference's tensors (parameters and buffers, persistent or not, tensor attributes and the
-        tensors in its list, tuple and dict attributes, the task module's tensors) as it is built, before any
-        candidate code runs again. Nothing the parent compares comes from that model (its outputs are never checked),
-        so native code that writes into its weights slows only the reference's timed calls: the freed source model's
-        memory is reused for it, and it holds the very values the candidate's load_state_dict was handed (denormals
-        written there made an x86 core's matmul ~100x slower).
-
-        ``_check_reference`` compares before every warm-up and timed batch of either runner and after each of the
-        candidate's; after each of the reference's own, the record is taken again (`_rebaseline_reference`): what the
-        reference changes itself (BatchNorm's running statistics, an Embedding's max_norm renormalising the rows it
-        looks up) is no finding, whenever it happens. Each storage's bytes (above ``REFERENCE_SAMPLE_BYTES``, that
-        many at random positions) are kept XOR a random mask: a record that holds none of its values, so code that
-        finds the tensor by its values finds no copy to rewrite along with it (a plain clone was found and rewritten
-        too). Denormals written into 1e-3 of a float32 tensor's entries (a matmul ~10 % slower) change ~4e-4 of its
-        bytes: the sample misses them with a chance of about e^-6 (its positions are drawn once). The
-        storages of one device are gathered and compared at once: one synchronisation per check, not one per tensor
-        (a level-3 model holds hundreds). Tensors without a storage (sparse, MKLDNN) are not watched."""
-        tb, storages = self._tb, {}
-        values = list(vars(self.task).values())   # tensors the task module keeps (constants its forward reads)
-        for module in self.ref_model.modules():
-            values += [*module.parameters(recurse=False), *module.buffers(recurse=False), *vars(module).values()]
-        for v in values:
-            for t in (v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) else (v,)):
-                if not issubclass(type(t), tb):
-                    continue
-                try:
-                    storage = tb.untyped_storage(t)
-                except (RuntimeError, NotImplementedError):   # sparse, MKLDNN: no storage to read
-                    continue
-                if storage.nbytes():
-                    storages.setdefault(storage.data_ptr(), t)
-        by_device: dict = {}
-        for t in storages.values():
-            by_device.setdefault(tb.untyped_storage(t).device, []).append(t)
-        self._ref_watch = [self._ref_record(device, tensors) for device, tensors in by_device.items()]
-
-    def _ref_record(self, device, tensors: list) -> dict:
-        torch, tb = self.torch, self._tb
-        gen = torch.Generator(device=device)
-        gen.seed()   # a secret: /dev/urandom
-        entries = []
-        for t in tensors:
-            storage = tb.untyped_storage(t)
-            n = storage.nbytes()
-            idx = None
-            if n > REFERENCE_SAMPLE_BYTES:
-                idx = torch.randint(0, n, (REFERENCE_SAMPLE_BYTES,), generator=gen, device=device, dtype=torch.int64)
-            # a byte view of the storage made once (a view per check was most of a check's cost for small tensors);
-            # the storage's address, read each check, tells when the tensor was given another one
-            raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
-            entries.append((t, n, idx, raw, storage.data_ptr()))
-        record = {"device": device, "entries": entries}
-        raw = self._ref_bytes(record)
-        record["mask"] = torch.empty(raw.numel(), dtype=torch.uint8, device=device).random_(0, 256, generator=gen)
-        record["kept"] = self._xor(raw, record["mask"])
-        return record
-
-    def _ref_bytes(self, record: dict):
-        """The watched bytes of one device's storages now, in record order; None when a tensor was given another
-        storage (or its storage was resized)."""
-        parts = []
-        for entry in record["entries"]:
-            if not self._same_storage(entry):
-                return None
-            raw, idx = entry[3], entry[2]
-            parts.append(raw if idx is None else self._index_select(raw, 0, idx))
-        return self._cat(parts)
-
-    def _same_storage(self, entry: tuple) -> bool:
-        """The watched tensor of ``entry`` still has the storage recorded for it (not swapped, not resized)."""
-        t, n, _, _, ptr = entry
-        storage = self._tb.untyped_storage(t)
-        return storage.data_ptr() == ptr and storage.nbytes() == n
-
     def _check_reference(self) -> None:
-        """A ``reference_tampering`` finding when a watched tensor of the timed reference changed since the record was
-        last taken (built, or after the reference's own calls: `_rebaseline_reference`)."""
-        if self._ref_watch is None:
-            return
-        changed = total = 0
-        for record in self._ref_watch:
-            total += len(record["entries"])
-            now = self._ref_bytes(record)
-            if now is None or not self._equal(self._xor(now, record["mask"]), record["kept"]):
-                changed += max(1, self._ref_same(record, now).count(False))
-        if changed:
-            self._finding("reference_tampering", f"{changed} of the {total} weights and buffers of the reference "
-                                                 "timed in this process changed after it was built")
+        """A ``reference_tampering`` finding when a watched tensor of the timed reference changed (`ReferenceWatch`)."""
+        problem = self._ref_watch.check() if self._ref_watch is not None else None
+        if problem:
+            self._finding("reference_tampering", problem)
 
     def _rebaseline_reference(self) -> None:
-        """Take the record again after the reference's own calls, with no candidate code since the check before
-        them: what the reference changes itself is its state from now on. A tensor it gave another storage, or
-        whose storage it resized (a lazily grown buffer), is no longer watched."""
-        if self._ref_watch is None:
-            return
-        for record in self._ref_watch:
-            now = self._ref_bytes(record)
-            if now is None:
-                keep = [e for e in record["entries"] if self._same_storage(e)]
-                record["entries"] = keep
-                if not keep:
-                    continue
-                now = self._ref_bytes(record)
-                record["mask"] = record["mask"][:now.numel()]
-            record["kept"] = self._xor(now, record["mask"])
-        self._ref_watch = [r for r in self._ref_watch if r["entries"]]
-
-    def _ref_same(self, record: dict, now) -> list[bool]:
-        """Per watched storage of ``record``: unchanged (the slow path, after a whole-record mismatch)."""
-        if now is None:
-            return [self._same_storage(e) for e in record["entries"]]
-        same, at = [], 0
-        for _, n, idx, _, _ in record["entries"]:
-            k = n if idx is None else idx.numel()
-            same.append(self._equal(self._xor(now[at:at + k], record["mask"][at:at + k]), record["kept"][at:at + k]))
-            at += k
-        return same
+        if self._ref_watch is not None:
+            self._ref_watch.rebaseline()
 
     # -- requests ---------------------------------------------------------------------------------
     def construct(self, msg):
@@ -1139,7 +1168,7 @@ class DeviceSession:
                                             seed, self.device, self.precision)
         # ... but not out of reach of native code: the source's freed memory is reused for it, holding the very values
         # the candidate was handed (denormal weights written there made the timed reference ~5-100x slower)
-        self._watch_reference()
+        self._ref_watch = ReferenceWatch(self.ref_model, self.task, self._ops)
         return {"op": "constructed", "loaded_params": len(state["loaded"]), "unmatched": state["unmatched"][:20]}
 
     def trial(self, msg):

@@ -8,7 +8,7 @@ Fixed here (each was a false pass before):
   denormals there. The parent checks values against a reference of its own, so only the reference timed in the child
   slowed down (a matmul with denormal weights is ~100x slower on an x86 core): on the 32x64 -> 48 linear task an
   honest naive kernel (~1.3x) passed at 8.1x. The child now records the timed reference's tensors as it builds them
-  (``DeviceSession._watch_reference``: a copy XORed with a random mask, since a plain clone was found by value and
+  (``ReferenceWatch``: a copy XORed with a random mask, since a plain clone was found by value and
   rewritten along with them) and compares them before every timed batch and before the warm-up
   (``reference_tampering``); what the reference changes itself (BatchNorm's running statistics in training mode) is
   left out after its own warm-up calls.
@@ -374,44 +374,47 @@ def test_the_reference_record_holds_no_copy_and_sees_writes_into_a_large_tensor(
 
     from verifier._child import REFERENCE_SAMPLE_BYTES
 
-    session = _white_box_session(torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 8)),
+    session = _WhiteBoxSession(torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 8)),
                                  CONSTANT=torch.randn(16))
-    (record,) = session._ref_watch                            # one device: one record
+    (record,) = session.watch.records                            # one device: one record
     assert len(record["entries"]) == 5                        # four parameters and the task's constant
     big, small = session.ref_model[0].weight, session.ref_model[1].bias
     sizes = {t.data_ptr(): (n if idx is None else idx.numel()) for t, n, idx, _, _ in record["entries"]}
     assert sizes[big.data_ptr()] == REFERENCE_SAMPLE_BYTES and sizes[small.data_ptr()] == small.numel() * 4
     assert record["kept"].numel() == sum(sizes.values())
-    raw = session._ref_bytes(record)
+    raw = session.watch.watched_bytes(record)
     assert not torch.equal(record["kept"], raw) and (record["kept"] == raw).float().mean() < 0.02
-    session._check_reference()
-    assert len(session._ref_watch[0]["entries"]) == 5 and session.findings == []
+    session.check()
+    assert len(session.watch.records[0]["entries"]) == 5 and session.findings == []
     with torch.no_grad():
         big.view(-1)[torch.randperm(big.numel())[:big.numel() // 1000]] = 1e-39
-    session._check_reference()
+    session.check()
     assert [f["rule"] for f in session.findings] == ["reference_tampering"]
     assert session.findings[0]["message"].startswith("1 of the 5 ")
     session.findings.clear()
     with torch.no_grad():
         big.set_(torch.zeros(4, 4))                            # swapped for a smaller storage
-    session._check_reference()
+    session.check()
     assert [f["rule"] for f in session.findings] == ["reference_tampering"]
 
 
-def _white_box_session(model, **task_tensors):
-    import types
+class _WhiteBoxSession:
+    """A `ReferenceWatch` on ``model`` with the findings a `DeviceSession` would make of it."""
 
-    import torch
+    def __init__(self, model, **task_tensors):
+        import types
 
-    from verifier._child import DeviceSession
+        import torch
 
-    session = DeviceSession.__new__(DeviceSession)
-    session.torch, session._tb, session._equal, session.findings = torch, torch._C.TensorBase, torch.equal, []
-    session._xor, session._cat, session._index_select = torch.bitwise_xor, torch.cat, torch.index_select
-    session.task = types.SimpleNamespace(**task_tensors)
-    session.ref_model = model
-    session._watch_reference()
-    return session
+        from verifier._child import ReferenceWatch, TensorOps
+
+        self.ref_model, self.findings = model, []
+        self.watch = ReferenceWatch(model, types.SimpleNamespace(**task_tensors), TensorOps.capture(torch))
+
+    def check(self) -> None:
+        problem = self.watch.check()
+        if problem:
+            self.findings.append({"rule": "reference_tampering", "message": problem})
 
 
 @pytest.mark.parametrize("kind", ["batchnorm_train", "embedding_max_norm"])
@@ -428,17 +431,17 @@ def test_what_the_reference_changes_itself_is_no_finding_whenever_it_happens(kin
             lambda: torch.randn(4, 8)
     else:
         model, make = torch.nn.Embedding(100000, 16, max_norm=1.0), lambda: torch.randint(0, 100000, (64,))
-    session = _white_box_session(model)
+    session = _WhiteBoxSession(model)
     for _ in range(20):                                         # warm-up, then timed batches: check, call, record
-        session._check_reference()
+        session.check()
         with torch.no_grad():
             model(make())
-        session._rebaseline_reference()
+        session.watch.rebaseline()
     assert session.findings == []
     weight = next(model.parameters())
     with torch.no_grad():
         weight.view(-1)[torch.randperm(weight.numel())[:max(1, weight.numel() // 100)]] = 1e-39
-    session._check_reference()
+    session.check()
     assert [f["rule"] for f in session.findings] == ["reference_tampering"]
 
 
@@ -455,12 +458,12 @@ def test_non_persistent_buffers_and_tensors_in_containers_are_watched_and_sparse
             self.tables = {"a": torch.rand(32)}
 
     model = Ref()
-    session = _white_box_session(model)
-    watched = {t.data_ptr() for t, *_ in session._ref_watch[0]["entries"]}
+    session = _WhiteBoxSession(model)
+    watched = {t.data_ptr() for t, *_ in session.watch.records[0]["entries"]}
     assert model.inv_freq.data_ptr() in watched and model.tables["a"].data_ptr() in watched
     for t in (model.inv_freq, model.tables["a"]):
         session.findings.clear()
         t[0] = 1e-39
-        session._check_reference()
+        session.check()
         assert [f["rule"] for f in session.findings] == ["reference_tampering"]
-        session._rebaseline_reference()
+        session.watch.rebaseline()
