@@ -11,6 +11,9 @@ exactly, so the comparison sees layout errors only, not bf16 rounding (which, on
 initialised model whose logits are near zero, exceeds any bound relative to the logits). On a GPU `auto`
 keeps the checkpoint's dtype: float32 would double the device memory, and fla's GDN kernels round float32
 products to TF32 (2.4e-3 on the H200), beyond the float32 bound. ``checkpoint`` and ``float32`` force one.
+Either way the HF model runs on the weights the checkpoint holds: a checkpoint converted to a narrower dtype than
+the release (``hf-to-mcore --dtype bfloat16`` of float32 weights) is compared with the release's weights rounded
+to that dtype, as loading the release in the checkpoint's dtype does (`round_weights`).
 
 Tolerance: `tol` is an absolute bound on max |logit_hf - logit_megatron|. Default: 1e-4 when computing in
 fp32; in bf16/fp16 5% of the largest |HF logit| (at least 0.05), because half-precision rounding grows
@@ -28,7 +31,7 @@ import torch
 from megatron_rl.bridge import get_bridge
 from megatron_rl.bridge.hf_dir import load_hf_config
 from megatron_rl.checkpoint import CheckpointError, check_files, read_meta, resolve_checkpoint
-from megatron_rl.models import ParallelSizes, text_config
+from megatron_rl.models import ParallelSizes, spec_for, text_config
 from verifier.inputs import host_available_bytes   # MemAvailable, capped by the cgroup's limit
 
 from .convert import INPUT_ERRORS
@@ -120,7 +123,11 @@ def verify(job: VerifyJob) -> VerifyReport:
 
     gen = torch.Generator().manual_seed(job.seed)
     tokens = torch.randint(0, int(text_config(hf_cfg).vocab_size), (job.batch, job.seq_len), generator=gen)
-    hf_logits = hf_forward(job.hf_dir, tokens, dtype)
+    # the HF side runs on the weights the checkpoint holds: a checkpoint converted to a narrower dtype than the HF
+    # release (``hf-to-mcore --dtype bfloat16`` of float32 weights) compared in float32 against the unrounded release
+    # would differ by that rounding alone and fail a correct conversion
+    hf_logits = hf_forward(job.hf_dir, tokens, dtype, weights_dtype=ckpt_dtype,
+                           keep_fp32=spec_for(ckpt_cfg).fp32_params)
 
     with tempfile.TemporaryDirectory(prefix="ckpt_verify_") as tmp:
         tok_path, out_path = Path(tmp) / "tokens.pt", Path(tmp) / "logits.pt"
@@ -162,8 +169,13 @@ _META_FIELDS = {"_name_or_path", "transformers_version", "dtype", "torch_dtype",
 
 
 @torch.no_grad()
-def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float32 CPU logits of the transformers model in `dtype` (eager attention)."""
+def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype, weights_dtype: torch.dtype | None = None,
+               keep_fp32: tuple[str, ...] = ()) -> torch.Tensor:
+    """float32 CPU logits of the transformers model in `dtype` (eager attention).
+
+    `weights_dtype`: the dtype the compared checkpoint holds its weights in. Where it is narrower than `dtype`,
+    every weight is first rounded to it (and widened back exactly), as the checkpoint's were, except those whose
+    last name component is in `keep_fp32` (the architecture keeps them in float32 whatever its params dtype)."""
     from transformers import AutoModelForCausalLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,6 +189,8 @@ def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.T
         raise ToolError(f"{hf_dir}: HF weights missing, transformers would initialise them randomly: "
                         f"{missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model = model.to(device).eval()
+    if weights_dtype is not None and weights_dtype.itemsize < dtype.itemsize:
+        round_weights(model, weights_dtype, keep_fp32)
     try:
         # no cache: one full forward needs none, and transformers' cache cannot report a sequence length for a
         # model whose layers are all linear attention (its forward raises instead)
@@ -187,6 +201,15 @@ def hf_forward(hf_dir: str, tokens: torch.Tensor, dtype: torch.dtype) -> torch.T
     if device == "cuda":
         torch.cuda.empty_cache()
     return logits
+
+
+@torch.no_grad()
+def round_weights(model: torch.nn.Module, dtype: torch.dtype, keep_fp32: tuple[str, ...] = ()) -> None:
+    """Round `model`'s floating parameters to `dtype` in place, keeping their own dtype (names in `keep_fp32` by
+    their last component are left alone)."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and name.rsplit(".", 1)[-1] not in keep_fp32:
+            p.copy_(p.to(dtype))
 
 
 def megatron_forward(chunks, tokens: torch.Tensor, ckpt) -> torch.Tensor:

@@ -178,10 +178,13 @@ def uncompile_blocks(model: torch.nn.Module) -> None:
 def supports_slots(model: torch.nn.Module) -> str | None:
     """None when slot decoding can serve `model`, else the reason it cannot."""
     cfg = model.config
-    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    layer_types = getattr(cfg, "layer_types", None)
+    types = set(layer_types or ["full_attention"])
     if not types <= SLOT_LAYER_TYPES:
         return f"layer types {sorted(types - SLOT_LAYER_TYPES)} are not full or linear attention"
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+    # transformers windows the layers ``layer_types`` marks sliding (checked above), whatever ``use_sliding_window``
+    # says (Qwen3 configs set it with ``max_window_layers`` covering every layer); without the list it is the flag
+    if layer_types is None and getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
         return "sliding-window attention"
     return None
 

@@ -19,7 +19,7 @@ def test_valid_config_passes():
 @pytest.mark.parametrize("kw,par,field", [
     (dict(hidden_act="gelu"), ParallelSizes(), "hidden_act"),
     (dict(attention_bias=True), ParallelSizes(), "attention_bias"),
-    (dict(use_sliding_window=True, sliding_window=16), ParallelSizes(), "use_sliding_window"),
+    (dict(use_sliding_window=True, sliding_window=16, max_window_layers=1), ParallelSizes(), "use_sliding_window"),
     (dict(num_attention_heads=4, num_key_value_heads=2), ParallelSizes(tp=8), "num_attention_heads"),
     (dict(num_hidden_layers=3), ParallelSizes(pp=2), "num_hidden_layers"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), ParallelSizes(), "rope_type"),

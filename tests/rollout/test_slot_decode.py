@@ -276,6 +276,9 @@ def test_decode_choice_is_validated():
     with pytest.raises(ValueError, match="cannot serve this model"):
         EmbeddedEngine(sliding, EmbeddedEngineConfig(decode="slots"))
     assert EmbeddedEngine(sliding, EmbeddedEngineConfig()).decode_info()["decode"] == "dynamic"
+    # the flag on, but max_window_layers past the last layer: transformers windows no layer, so slots serve it
+    unwindowed = _model(TINY, use_sliding_window=True, sliding_window=16, max_window_layers=99)
+    assert set(unwindowed.config.layer_types) == {"full_attention"} and supports_slots(unwindowed) is None
 
 
 def test_grouped_decode_attention_equals_sdpa_with_repeated_kv():

@@ -119,14 +119,31 @@ def decoder_problems(hf, par: ParallelSizes, extra_sizes: tuple[str, ...] = ()) 
 def validate(hf, par: ParallelSizes) -> None:
     """Reject every HF field value the local/TE GPT spec would silently compute differently."""
     problems = decoder_problems(hf, par) + quantization_problems(hf)
-    if getattr(hf, "use_sliding_window", False):
-        problems.append("use_sliding_window=True: sliding-window attention is not supported")
-    lt = getattr(hf, "layer_types", None)
-    if not (lt is None or all(t == "full_attention" for t in lt)):
-        problems.append(f"layer_types: only 'full_attention' layers are supported, got {sorted(set(lt or []))}")
+    problems += sliding_window_problems(hf)
     problems += rope_problems(hf)
     if problems:
         raise ConfigMismatchError("HF config does not match the Qwen3 Megatron spec: " + "; ".join(problems))
+
+
+def sliding_window_problems(hf) -> list[str]:
+    """Why some layer of this Qwen3 config attends through a sliding window (which the spec cannot compute), or [].
+
+    ``use_sliding_window`` alone does not make a layer sliding: transformers windows the layers that ``layer_types``
+    marks ``sliding_attention`` (by default those from ``max_window_layers`` on), and transformers-4 style readers
+    (vLLM, SGLang) window layer ``i`` when ``use_sliding_window`` and ``i >= max_window_layers``. A config where
+    ``max_window_layers`` covers every layer is plain attention for all of them and is accepted; one where either
+    reading windows a layer is refused, naming the fields."""
+    n = hf.num_hidden_layers
+    problems = []
+    lt = getattr(hf, "layer_types", None)
+    if lt is not None and not all(t == "full_attention" for t in lt):
+        problems.append(f"layer_types: only 'full_attention' layers are supported, got {sorted(set(lt))}")
+    window = getattr(hf, "use_sliding_window", False) and getattr(hf, "sliding_window", None) is not None
+    first = getattr(hf, "max_window_layers", None)
+    if window and (not isinstance(first, int) or first < n):
+        problems.append(f"use_sliding_window=True with max_window_layers={first!r} < num_hidden_layers={n}: layers "
+                        f"from {first!r} on use sliding-window attention, which is not supported")
+    return problems
 
 
 def transformer_config(hf, par: ParallelSizes, opt: BuildOptions):
