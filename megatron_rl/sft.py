@@ -40,8 +40,9 @@ from megatron_rl.checkpoint import copy_hf_asset_dirs, resume_problem
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
                                 _omegaconf_problem, abs_path, hf_model_config, load_preset)
-from megatron_rl.fsutil import dir_problem, publish_dir, rebuild_dir, write_text_atomic
+from megatron_rl.fsutil import publish_dir, rebuild_dir, write_text_atomic
 from megatron_rl.observability import RunLogger
+from megatron_rl.train import output_problem
 
 if TYPE_CHECKING:
     from megatron_rl.sft_data import LoadReport
@@ -181,9 +182,8 @@ def validate_sft(cfg: SFTConfig) -> None:
             problems.append(f"model.tiny: {e}")
     for key, path in (("train.log_dir", cfg.run_dir), ("train.ckpt_dir", cfg.ckpt_root),
                       ("train.export_dir", cfg.export_root)):
-        # as a usage error: under a file, a checkpoint dir failed at the first save and an export dir after training
-        problem = dir_problem(path)
-        need(problem is None, f"{key}: {problem}")
+        problem = output_problem(key, path)   # as train's: a usage error, not a failure after the first step
+        need(problem is None, str(problem))
     if cfg.model.tokenizer == "auto":
         cfg.model.tokenizer = cfg.model.path if cfg.model.path else "qwen3-offline"
     if cfg.model.tokenizer != "qwen3-offline":

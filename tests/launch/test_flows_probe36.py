@@ -130,6 +130,21 @@ def test_sft_tokenizer_dir_without_tokenizer_files_is_a_config_error(tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("key", ["train.log_dir", "train.ckpt_dir", "train.export_dir"])
+def test_sft_output_folder_under_a_file_is_a_config_error_naming_the_key(tmp_path, capsys, key):
+    """As `megatron_rl.train`'s (`train.output_problem`): before the run dir is made, not at the first save."""
+    from megatron_rl.sft import main
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps(ROW) + "\n")
+    (tmp_path / "afile").write_text("x")
+    overrides = [f"train.log_dir={tmp_path / 'run'}", f"{key}={tmp_path / 'afile' / 'out'}"]
+    rc = main(["--config", str(ROOT / "configs/sft_tiny.yaml"), "--data", str(data), *overrides])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{key}: cannot create {tmp_path / 'afile' / 'out'}: " in err and "is a file" in err
+    assert "Traceback" not in err and sorted(os.listdir(tmp_path)) == ["afile", "sft.jsonl"]
+
+
 def test_command_line_paths_are_from_the_working_dir(tmp_path, monkeypatch):
     """`--data sft.jsonl` / `--model hf` run from another folder were looked up under the repository root
     ("/repo/sft.jsonl does not exist"), unlike every other command's paths."""
