@@ -33,7 +33,10 @@ passes. Per level and overall (weighted by task count, as the paper's "Overall")
 Outputs in ``--out``: ``results.jsonl`` (one row per sample, every turn's verdict), ``summary.json``, ``report.md``
 (the table per level and per op family), ``report.html`` with two plots (speedup distribution per level, pass rate
 per op family). A task whose group could not be scored (persistent infra verdicts, a prompt over the context) is
-listed with its reason and left out of the figures, never counted as a failure. The last stdout line is a JSON
+listed with its reason and left out of the figures, never counted as a failure. With ``--backend cpu`` the verifier's
+memory gate is run on every task before the model is loaded: a task too large for this host at its sizes (KernelBench's
+full sizes: a 6 GiB ReLU input) is listed as ``too_large`` with the sizes it needs, and nothing is generated for it
+(each of its samples would get the same ``infra`` verdict after its generation, retried to no end). The last stdout line is a JSON
 summary.
 
 A stopped run (Ctrl-C, a crash, a kill) keeps its finished tasks: each task's rows are appended to
@@ -272,6 +275,7 @@ class EvalConfig:
     label: str | None = None
     progress: bool = True
     fresh: bool = False
+    too_large: dict[str, str] = dataclasses.field(default_factory=dict)   # set by `_preflight`: task_id -> why
 
     def validate(self) -> None:
         """Every flag's range, before anything is loaded; a bad value raises ValueError naming the flag."""
@@ -402,7 +406,53 @@ def _preflight(cfg: EvalConfig) -> tuple[dict[str, list], dict, tuple]:
 
         if not torch.cuda.is_available():
             raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
+    cfg.too_large = _too_large_for_host(cfg, groups, vcfgs)
     return groups, vcfgs, located
+
+
+def _too_large_for_host(cfg: EvalConfig, groups: dict[str, list], vcfgs: dict) -> dict[str, str]:
+    """task_id -> why it cannot be verified on this host, for ``--backend cpu``: the verifier's own memory gate
+    (``verifier.evaluate.memory_problem``: inputs, outputs, parameters and the reference's working memory, sized on meta
+    tensors, nothing allocated) run once per task before anything is generated. Each of its samples would be generated
+    and then get that same ``infra`` verdict, retried by the farm and the agent, its trajectory generated again (3x the
+    generation per sample for nothing): KernelBench's full sizes put 47 of level 1's 100 tasks here on a 24 GB host.
+    A task that does not load here (a missing package) is left to the verifier and named in a warning."""
+    if cfg.backend != "cpu":
+        return {}
+    from verifier.devices import get_backend
+    from verifier.evaluate import memory_problem
+    from verifier.inputs import estimate_footprint
+    from verifier.tasks import load_task_module
+
+    from tqdm import tqdm
+
+    backend = get_backend("cpu")
+    found, failed = {}, {}
+    # milliseconds a task, up to ~15 s for KernelBench's long RNNs (their meta-tensor run): a bar after 2 s
+    bar = tqdm(total=sum(map(len, groups.values())), desc="memory check", unit="task", file=sys.stderr,
+               dynamic_ncols=True, disable=not cfg.progress, leave=False, delay=2)
+    for precision, tasks in groups.items():
+        for t in tasks:
+            bar.update(1)
+            try:
+                problem = memory_problem(estimate_footprint(load_task_module(t), precision), vcfgs[precision], backend,
+                                         0, {})
+            except Exception as e:  # noqa: BLE001 - the task's own import or code; the verifier names it per sample
+                failed[t.task_id] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            if problem:
+                found[t.task_id] = (f"too large for this host at its sizes: {problem}"
+                                    + ("" if cfg.size_profile else "; --size-profile fit shrinks it to fit"))
+    bar.close()
+    if failed:
+        log.warning("%d tasks do not load here (their samples will be infra verdicts): %s", len(failed),
+                    "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:3]) + (" ..." if len(failed) > 3 else ""))
+    if found:
+        print(f"[evaluate] {len(found)} of {sum(map(len, groups.values()))} tasks need more memory than this host has "
+              f"at their sizes: not generated for, listed as not scored (too_large) in the reports"
+              + ("" if cfg.size_profile else "; --size-profile fit shrinks KernelBench's GPU sizes to fit a CPU")
+              + f" (first: {next(iter(found))})", file=sys.stderr, flush=True)
+    return found
 
 
 def _precision(task, mode: str) -> str:
@@ -427,7 +477,7 @@ def _family(task) -> str:
 
 PROGRESS_FILE = "results.partial.jsonl"
 #: unscored groups a resumed run evaluates again (`GroupResult.status`)
-RETRIED_STATUSES = ("infra", "aborted")
+RETRIED_STATUSES = ("infra", "aborted", "too_large")   # too_large: checked again in a moment, nothing generated
 #: how a stopped run is continued (with --fresh the same command would move the kept tasks aside again)
 CONTINUE_HINT = "run the same command (without --fresh) to continue"
 PROGRESS_FORMAT = 1
@@ -640,7 +690,7 @@ def _group_record(task, g, key: str = "") -> dict[str, Any]:
     """One finished task as `Progress` keeps it and `_write` reads it: its results.jsonl rows (as JSON reads them
     back, so a resumed row and a new one are written alike), its op family, or why it was not scored."""
     if not g.ok:
-        return {"task_id": task.task_id, "key": key, "family": None, "unscored": f"{g.status}: {g.error[:300]}",
+        return {"task_id": task.task_id, "key": key, "family": None, "unscored": f"{g.status}: {g.error[:1000]}",
                 "rows": []}
     family = _family(task)    # KernelBench's tasks are classified by a meta-tensor run: once each
     rows = []
@@ -746,6 +796,10 @@ def _evaluate(cfg: EvalConfig, out: Path, tasks: list, groups_by_precision: dict
     ctx = int(hf_cfg.get("max_position_embeddings") or 32768)
     max_ctx = min(cfg.max_context_tokens or ctx - 1, ctx - 1)
     max_batch = max(8, min(cfg.samples * len(tasks), 128))
+    for t in tasks:   # nothing to generate for: the verifier could not run any sample of it here
+        if t.task_id in cfg.too_large and t.task_id not in progress.records:
+            progress.add({"task_id": t.task_id, "key": keys[t.task_id], "family": None,
+                          "unscored": f"too_large: {cfg.too_large[t.task_id]}", "rows": []})
     todo = {precision: [t for t in group if t.task_id not in progress.records]
             for precision, group in groups_by_precision.items()}
     todo = {precision: group for precision, group in todo.items() if group}

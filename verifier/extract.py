@@ -6,9 +6,13 @@ response when it is plain Python source. Blank blocks are skipped (a stray closi
 opens one), and a last block that parses but defines no ``ModelNew`` (a usage example after the
 answer) gives way to the last block that defines it. Info strings are read for their language
 (```python:model.py, ```{python}); an indented fence (in a list item) has its content dedented as CommonMark
-does; plain source that defines ModelNew is taken whole (fences in its docstrings are no markdown); after a
-reasoning section the answer past the last ``</think>`` wins where it defines ModelNew. Anything else is a
-``format_error`` with a message the model can act on.
+does; plain source that defines ModelNew is taken whole (fences in its docstrings are no markdown). Reasoning
+sections (``<think>`` ... ``</think>``, or everything before a ``</think>`` that no ``<think>`` opened, as Qwen3's
+generation prompt opens it) never supply the candidate: chat templates drop past reasoning, so a draft judged there
+would get feedback on code the model no longer sees; a response that ends inside its reasoning, or holds code only
+there, is a format error saying so. A response whose only code blocks are empty (plain source followed by a stray
+closing fence) is taken as that source where it defines ModelNew. Anything else is a ``format_error`` with a message
+the model can act on.
 
 Normalisation before any parsing: a leading BOM is dropped and CRLF/CR line ends become LF (a correct
 candidate must not fail on its line endings). Source too deeply nested for the parser is a format error,
@@ -17,6 +21,7 @@ never an exception out of here (which the caller would report as infra).
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 
 PY_TAGS = {"python", "py", "python3", "py3"}
@@ -25,6 +30,7 @@ PY_TAGS = {"python", "py", "python3", "py3"}
 _FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
 # the language of an info string: "python", "python title=x.py", "python:model_new.py", "{python}", "{.python}"
 _INFO_TAG = re.compile(r"\{?\.?([\w+-]*)")
+_THINK, _THINK_END = "<think>", "</think>"
 _MAX_FENCE_RETRIES = 8   # later closing fences tried, over the whole response, for ```python blocks that do not
                          # parse at their first one (each try parses; bounded so a response of fences stays cheap)
 
@@ -61,7 +67,13 @@ def _normalise(text: str) -> str:
 
 
 def _fenced_blocks(text: str) -> list[tuple[str, str, bool]]:
-    """(info tag, content, closed) for each fenced block, in order. An unclosed last fence runs to the end.
+    """(info tag, content, closed) for each fenced block, in order (`_fenced_spans` without the line numbers)."""
+    return [(tag, content, closed) for tag, content, closed, _, _ in _fenced_spans(text)]
+
+
+def _fenced_spans(text: str) -> list[tuple[str, str, bool, int, int]]:
+    """(info tag, content, closed, opening line, closing line) for each fenced block, in order (0-based line numbers;
+    an unclosed last fence runs to the end, its closing line one past the last).
 
     A ```python block that does not parse up to its first closing fence may contain fence lines of its own
     (inside a string); it then extends to the first of the next few closing fences at which it parses."""
@@ -91,7 +103,7 @@ def _fenced_blocks(text: str) -> list[tuple[str, str, bool]]:
                         j = k
                         break
                 k += 1
-        blocks.append((tag, body(j), j < len(lines)))
+        blocks.append((tag, body(j), j < len(lines), i, j))
         i = j + 1
     return blocks
 
@@ -122,19 +134,76 @@ def _defines_model_new(src: str) -> bool:
 
 def _select(text: str) -> str:
     """The candidate: plain Python source that defines ModelNew as it is (fences inside its strings are no markdown);
-    in a response with a reasoning section, the answer after the last ``</think>`` where it holds a ModelNew (a fence
-    the reasoning opened and never closed swallowed the answer's opening fence, and the answer did not parse)."""
+    else the code outside the response's reasoning sections (`_outside_reasoning`): a draft inside ``<think>`` is
+    never the answer (a chat template drops past reasoning, so feedback on it would be on code the model no longer
+    sees), and a fence the reasoning opened and never closed cannot swallow the answer's own."""
     if _defines_model_new(text):
         return text
-    end = text.rfind("</think>")
-    if end >= 0:
-        try:
-            answer = _select_blocks(text[end + len("</think>"):])
-        except FormatError:
-            answer = None
-        if answer is not None and _defines_model_new(answer):
-            return answer
-    return _select_blocks(text)
+    answer, cut_off = _outside_reasoning(text)
+    if answer is None:
+        return _select_blocks(text)
+    try:
+        code = _select_blocks(answer)
+        if code.strip():
+            return code
+        reason = "no code: the answer after the reasoning section is empty"
+    except FormatError as e:
+        reason = str(e)
+    if cut_off:
+        raise FormatError("the response ended inside its reasoning section (a <think> with no </think>: cut off at "
+                          "the token limit?); the answer after </think> must hold the complete ```python block")
+    if _has_code(text):
+        raise FormatError("code was found only inside the reasoning section (<think> ... </think>), which is never "
+                          "the answer; put the complete ```python block after </think>")
+    raise FormatError(reason)
+
+
+def _outside_reasoning(text: str) -> tuple[str | None, bool]:
+    """(the response without its reasoning sections, whether the last one is never closed), or (None, False) when it
+    has none. A section runs from ``<think>`` to the next ``</think>``; a ``</think>`` before any ``<think>`` closes one
+    that the generation prompt opened (Qwen3's template writes the ``<think>``), so everything before it is reasoning;
+    an unclosed ``<think>`` runs to the end. The parts left are joined on line breaks (a fence right after
+    ``</think>`` still starts its line)."""
+    opens, closes = _reasoning_markers(text, _THINK), _reasoning_markers(text, _THINK_END)
+    if not opens and not closes:
+        return None, False
+    parts, i = [], 0
+    if closes and (not opens or closes[0] < opens[0]):
+        i = closes[0] + len(_THINK_END)
+    while True:
+        k = bisect.bisect_left(opens, i)
+        if k == len(opens):
+            parts.append(text[i:])
+            return "\n".join(parts), False
+        start = opens[k]
+        parts.append(text[i:start])
+        k = bisect.bisect_right(closes, start)
+        if k == len(closes):
+            return "\n".join(parts), True
+        i = closes[k] + len(_THINK_END)
+
+
+def _reasoning_markers(text: str, marker: str) -> list[int]:
+    """Offsets of ``marker`` in ``text`` (ascending) but those inside a closed code block that parses (a candidate
+    may hold ``'<think>'`` in a string: its code is no reasoning section)."""
+    found = [m.start() for m in re.finditer(re.escape(marker), text)]
+    if not found:
+        return []
+    code = [(a, b) for tag, content, closed, a, b in _fenced_spans(text)
+            if closed and (tag in PY_TAGS or tag == "") and content.strip() and _parses(content)]
+    if not code:
+        return found
+    line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    inside = [False] * len(line_starts)
+    for a, b in code:
+        inside[a + 1:b] = [True] * (b - a - 1)
+    return [p for p in found if not inside[bisect.bisect_right(line_starts, p) - 1]]
+
+
+def _has_code(text: str) -> bool:
+    """Whether ``text`` holds any non-blank ```python block or untagged block that parses."""
+    return any(content.strip() and (tag in PY_TAGS or (tag == "" and _parses(content)))
+               for tag, content, _ in _fenced_blocks(text))
 
 
 def _select_blocks(text: str) -> str:
@@ -146,7 +215,15 @@ def _select_blocks(text: str) -> str:
         # answer), the last block that does. A stray closing fence at the end (it opens an empty untagged block) or
         # a usage example was chosen over the answer and rejected a correct kernel as a format error. A last block
         # that does not parse stays the candidate (its syntax error is the feedback; no earlier draft stands in)
-        code = [b for b in code if b[0].strip()] or code
+        if not any(b[0].strip() for b in code):
+            # every code block is blank: a stray fence (a closing ``` whose opening one the model left out, after plain
+            # source) opened one. The source without its fence lines is the answer where it defines ModelNew
+            bare = "\n".join(line for line in text.split("\n") if not _FENCE_OPEN.match(line))
+            if _defines_model_new(bare):
+                return bare
+            raise FormatError("no code: every ```python block of the response is empty (a closing ``` with no "
+                              "opening ```python before the code?)")
+        code = [b for b in code if b[0].strip()]
         content, closed = code[-1]
         if _parses(content) and not _defines_model_new(content):
             content, closed = ([b for b in code if _defines_model_new(b[0])] or [code[-1]])[-1]

@@ -4,10 +4,12 @@ One function per outcome; each says what happened and the most useful evidence (
 the first mismatching element, forbidden ops, timings). Notes (train-mode reference, MUSA warp size)
 are appended when space allows; the main message is never dropped for them. The text is valid Unicode: a lone
 surrogate (a candidate's ``raise RuntimeError("\\ud800")`` comes back from the child's JSON as one) is escaped,
-as no tokenizer, chat template or UTF-8 writer takes it.
+as no tokenizer, chat template or UTF-8 writer takes it; and it is plain text (`printable`): a candidate's exception
+message or output with ANSI escapes, NUL or BEL reaches neither the next prompt nor a terminal showing the verdict.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 
@@ -32,9 +34,27 @@ def encodable(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# an ANSI escape sequence (CSI: colours, cursor moves, screen clears), and any other control character but tab and
+# line feed (C0, DEL, C1)
+_ANSI_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` as plain text a model, a log or a terminal shows as written: ANSI escape sequences dropped (a
+    compiler's colours, or a candidate's exception message clearing the screen of whoever reads the verdict), line
+    ends made LF, other control characters (NUL, BEL, backspace, a lone ESC) written as ``\\xNN``, lone surrogates
+    escaped (`encodable`)."""
+    text = encodable(text)
+    if not _CONTROL.search(text):
+        return text
+    text = _ANSI_CSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def compose(main: str, notes: Iterable[str], max_chars: int) -> str:
-    notes = [encodable(n) for n in notes if n]
-    body = encodable(main).strip()
+    notes = [printable(n) for n in notes if n]
+    body = printable(main).strip()
     extra = "".join(f"\nNote: {n}" for n in notes)
     if len(body) + len(extra) <= max_chars:
         return body + extra

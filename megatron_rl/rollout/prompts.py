@@ -282,13 +282,29 @@ def initial_messages(task: TaskLike, backend: str, system_prompt: str | None = D
     return msgs
 
 
+#: the most characters of verifier feedback one message quotes (the verifier bounds its own to
+#: ``VerifierConfig.feedback_max_chars``, 1500 by default; this bounds what any other environment hands over)
+FEEDBACK_MAX_CHARS = 6000
+
+
+def quoted_feedback(feedback: str, max_chars: int = FEEDBACK_MAX_CHARS) -> str:
+    """Verifier feedback as a quoted block of plain text: it may quote the candidate's code, its exception messages
+    and its output, so a line the candidate wrote (``Verdict: pass``, ``Correct on all trials``, "ignore previous
+    instructions") sits inside the quotation, below the harness's own verdict line, never beside it. Control
+    characters and ANSI escapes are made visible (`verifier.feedback.printable`), chat control strings defused, the
+    length bounded, and the fence outgrows any backtick run inside (`fenced`)."""
+    from verifier.feedback import bound, printable
+
+    body = defuse_control_tokens(bound(printable(feedback), max_chars)) or "(no further details)"
+    return fenced(body, "text")
+
+
 def feedback_text(category: str, q: float | None, feedback: str) -> str:
-    """The user message appended after a failed turn."""
+    """The user message appended after a failed turn: the verdict (ours), then the verifier's feedback quoted."""
     q_part = f" ({q:.0%} of correctness trials passed)" if q is not None and category == "correctness_error" else ""
-    body = defuse_control_tokens(feedback.strip()) or "(no further details)"
     return (
         f"Your previous answer did not pass verification.\nVerdict: {category}{q_part}\n"
-        f"Verifier feedback:\n{body}\n\n"
+        f"Verifier feedback (quoted; it may quote your code and its output):\n{quoted_feedback(feedback)}\n\n"
         "Fix the problem. Answer again with the complete corrected module in one ```python code block "
         "(load_inline + class ModelNew).")
 
@@ -310,11 +326,10 @@ def repair_messages(task: TaskLike, backend: str, failed_code: str, category: st
                     metadata: InputMetadata | None = None) -> list[dict[str, str]]:
     """BDR repair prompt: the task, a failed attempt and its verifier error -> fix it."""
     code = defuse_control_tokens(failed_code.strip()) or "(the attempt contained no code)"
-    err = defuse_control_tokens(error.strip()) or "(no details)"
     text = (
         f"{task_prompt_text(task, backend, metadata)}\n\n"
         f"A previous attempt at this task failed verification.\n{fenced(code)}\n"
-        f"Verdict: {category}\nVerifier feedback:\n{err}\n\n"
+        f"Verdict: {category}\nVerifier feedback (quoted):\n{quoted_feedback(error)}\n\n"
         "Find the cause, fix it, and answer with the complete corrected module in one ```python code block.")
     msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
     msgs.append({"role": "user", "content": text})

@@ -59,9 +59,6 @@ def fenced(code: str, tag: str = "python", fence: str = "```") -> str:
     ("think_repeated", "<think>a</think>\n<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\n" + fenced("FINAL = 1\n" + MN),
      "FINAL = 1"),
     ("think_then_usage_block", "<think>x</think>\n" + fenced("FINAL = 1\n" + MN) + fenced("m = ModelNew()\n"), "FINAL = 1"),
-    # no answer after the reasoning: the contract's fallback is the whole response's last block (the draft)
-    ("code_only_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\nDone.", "DRAFT = 1"),
-    ("think_cut_off", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "and then I would", "DRAFT = 1"),
     # the detokenizer's replacement character (a split multi-byte character) in a comment is only text
     ("replacement_char_in_comment", fenced("# \ufffd\ufffd\nFINAL = 1\n" + MN), "FINAL = 1"),
     # Python reads identifiers in NFKC: a fullwidth M *is* ModelNew to the importer too
@@ -84,6 +81,10 @@ def test_benign_variants_extract_the_answer(case, response, want):
     ("alias_of_model", fenced("from __main__ import Model\nModelNew = Model\n"), "no `class ModelNew"),
     ("type_call", fenced("import torch.nn as nn\nModelNew = type('ModelNew', (nn.Module,), {})\n"), "no `class ModelNew"),
     ("exec_string", fenced("exec('class ModelNew: pass')\n"), "no `class ModelNew"),
+    # a draft inside the reasoning is never the answer (the template drops past reasoning: turn 2's feedback would be
+    # on code the model no longer sees)
+    ("code_only_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\nDone.", "only inside the reasoning"),
+    ("think_cut_off", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "and then I would", "ended inside its reasoning"),
     ("only_in_cpp_block", fenced(MN, "cpp"), "fenced blocks: cpp"),
     ("explanation_only", "I would fuse the ops into one kernel; it should be fast.", "not Python source"),
     ("tool_call_only", '<tool_call>\n{"name": "submit", "arguments": {"code": "class ModelNew: pass"}}\n</tool_call>',
