@@ -88,6 +88,7 @@ class ModelConfig:
     tokenizer: str = "auto"              # HF tokenizer dir | "qwen3-offline" (bundled Qwen3 BPE) |
                                          # "auto": model.path's tokenizer, else qwen3-offline
     tiny: TinyModelConfig = dataclasses.field(default_factory=TinyModelConfig)
+    path_required: bool = False          # a preset for a real model: no model.path is an error, not the tiny model
 
 
 @dataclasses.dataclass
@@ -364,9 +365,52 @@ def hf_model_config(path: str | os.PathLike, *, tp: int = 1, pp: int = 1, vpp: i
     return hf
 
 
+def model_problems(model: ModelConfig, a, par_ok: bool) -> tuple[list[str], Any, str]:
+    """(problems, the HF config or None, which key it came from) of the model a run trains, checked against the
+    actor's TP/PP (``par_ok``: those are valid numbers): `model.path` must be an HF dir with weights whose shape the
+    actor can shard; without it, `model.tiny` must be buildable at that TP/PP, and a preset for a real model
+    (`model.path_required`) refuses to fall back to it. RL (`validate`) and SFT (`sft.validate_sft`) check alike."""
+    from megatron_rl.models import ConfigMismatchError
+
+    problems: list[str] = []
+    hf, where = None, "model.tiny"
+    par = f"actor.tp={a.tp}, actor.pp={a.pp}" + (f", actor.vpp={a.vpp}" if a.vpp else "")
+    if model.path is not None:
+        where = "model.path"
+        mp = abs_path(model.path)
+        if not mp.is_dir():
+            problems.append(f"model.path: {mp} is not a directory")
+        else:
+            if not (mp / "config.json").is_file():
+                problems.append(f"model.path: {mp} has no config.json")
+            if not any(mp.glob("*.safetensors")):
+                problems.append(f"model.path: {mp} has no *.safetensors weights")
+            if (mp / "config.json").is_file() and par_ok:
+                try:
+                    hf = hf_model_config(mp, tp=a.tp, pp=a.pp, vpp=a.vpp, sequence_parallel=a.sequence_parallel)
+                except ConfigMismatchError as e:
+                    problems.append(f"model.path: {mp}: {e} ({par})")
+                except ValueError as e:  # config.json unreadable, unsupported model_type
+                    problems.append(f"model.path: {e}")
+    elif model.path_required:
+        problems.append("model.path: this preset trains a real checkpoint: give it with --model HF_DIR (or "
+                        "model.path=...); without one it would train the tiny random model")
+    elif par_ok:
+        tm = model.tiny
+        try:
+            hf = tm.hf_config(tm.vocab_size if tm.vocab_size is not None else 1)
+            from megatron_rl.bridge import get_bridge
+            from megatron_rl.models import ParallelSizes
+
+            get_bridge(hf).validate(ParallelSizes(a.tp, a.pp, a.vpp, a.sequence_parallel))
+        except (ConfigMismatchError, ValueError, TypeError) as e:
+            problems.append(f"model.tiny: the tiny model cannot be built at {par}: {e}")
+            hf = None
+    return problems, hf, where
+
+
 def validate(cfg: RLConfig) -> None:
     """Every check that needs no running process; raises one ConfigError listing all problems."""
-    from megatron_rl.models import ConfigMismatchError
     from megatron_rl.rollout.sampling import RequestSampling, SamplingParamError
 
     problems: list[str] = []
@@ -434,33 +478,8 @@ def validate(cfg: RLConfig) -> None:
     except Exception as e:  # noqa: BLE001 - an import path that does not resolve
         problems.append(f"data.environment: {e}")
 
-    hf, where = None, "model.tiny"
-    par = f"actor.tp={a.tp}, actor.pp={a.pp}" + (f", actor.vpp={a.vpp}" if a.vpp else "")
-    if cfg.model.path is not None:
-        where = "model.path"
-        mp = abs_path(cfg.model.path)
-        need(mp.is_dir(), f"model.path: {mp} is not a directory")
-        if mp.is_dir():
-            need((mp / "config.json").is_file(), f"model.path: {mp} has no config.json")
-            need(any(mp.glob("*.safetensors")), f"model.path: {mp} has no *.safetensors weights")
-            if (mp / "config.json").is_file() and par_ok:
-                try:
-                    hf = hf_model_config(mp, tp=a.tp, pp=a.pp, vpp=a.vpp, sequence_parallel=a.sequence_parallel)
-                except ConfigMismatchError as e:
-                    problems.append(f"model.path: {mp}: {e} ({par})")
-                except ValueError as e:  # config.json unreadable, unsupported model_type
-                    problems.append(f"model.path: {e}")
-    elif par_ok:
-        tm = cfg.model.tiny
-        try:
-            hf = tm.hf_config(tm.vocab_size if tm.vocab_size is not None else 1)
-            from megatron_rl.bridge import get_bridge
-            from megatron_rl.models import ParallelSizes
-
-            get_bridge(hf).validate(ParallelSizes(a.tp, a.pp, a.vpp, a.sequence_parallel))
-        except (ConfigMismatchError, ValueError, TypeError) as e:
-            problems.append(f"model.tiny: the tiny model cannot be built at {par}: {e}")
-            hf = None
+    model_errors, hf, where = model_problems(cfg.model, a, par_ok)
+    problems += model_errors
     if hf is not None:
         from megatron_rl.models import spec_for, text_config
 

@@ -293,8 +293,23 @@ def output_lock(target: str | os.PathLike, what: str, wait_s: float = 0.0) -> It
     taken over); a released lock's file is removed. A filesystem without flock runs unlocked, with a warning. The
     descriptor is not inherited by exec'd children (ranks, engines), whose lifetime would otherwise hold it. With
     ``wait_s``, a held lock is waited for that long before the refusal: a requeued slurm job whose previous node died
-    finds that node's lock on a shared filesystem until its lease runs out (NFS: about 90 s)."""
+    finds that node's lock on a shared filesystem until its lease runs out (NFS: about 90 s). A run that fails
+    under the lock leaves none of the folders the lock file needed that are still empty (bad input found after the
+    lock leaves nothing written)."""
     target = Path(target).resolve()   # `--out .`, `--out link` and the absolute path are one output: one lock
+    made = [d for d in (lock_file(target).parent, *lock_file(target).parent.parents) if not d.exists()]
+    try:
+        with _held_lock(target, what, wait_s) as path:
+            yield path
+    except BaseException:
+        for d in made:   # deepest first; one that holds anything stays
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        raise
+
+
+@contextlib.contextmanager
+def _held_lock(target: Path, what: str, wait_s: float) -> Iterator[Path]:
     path = lock_file(target)
     deadline = time.monotonic() + wait_s
     waited = False

@@ -39,7 +39,7 @@ from megatron_rl.actor.actor import ActorConfig
 from megatron_rl.checkpoint import copy_hf_asset_dirs, resume_problem
 from megatron_rl.cluster.train_group import TrainWorker
 from megatron_rl.config import (ClusterConfig, ConfigError, ModelConfig, _merge_each, _named,
-                                _omegaconf_problem, abs_path, hf_model_config, load_preset)
+                                _omegaconf_problem, abs_path, load_preset, model_problems)
 from megatron_rl.fsutil import publish_dir, rebuild_dir, write_text_atomic
 from megatron_rl.observability import RunLogger
 from megatron_rl.train import output_problem
@@ -167,19 +167,7 @@ def validate_sft(cfg: SFTConfig) -> None:
             a.validate()
         except ValueError as e:
             problems += _named("actor", str(e), {f.name for f in dataclasses.fields(a)})
-    if cfg.model.path is not None:
-        mp = abs_path(cfg.model.path)
-        need(mp.is_dir() and (mp / "config.json").is_file(), f"model.path: {mp} is not an HF model dir (config.json)")
-        if mp.is_dir() and (mp / "config.json").is_file() and par_ok:
-            try:
-                hf_model_config(mp, tp=a.tp, pp=a.pp, vpp=a.vpp, sequence_parallel=a.sequence_parallel)
-            except ValueError as e:
-                problems.append(f"model.path: {e}")
-    else:
-        try:
-            cfg.model.tiny.hf_config(cfg.model.tiny.vocab_size or 1)
-        except (ValueError, TypeError) as e:
-            problems.append(f"model.tiny: {e}")
+    problems += model_problems(cfg.model, a, par_ok)[0]
     for key, path in (("train.log_dir", cfg.run_dir), ("train.ckpt_dir", cfg.ckpt_root),
                       ("train.export_dir", cfg.export_root)):
         problem = output_problem(key, path)   # as train's: a usage error, not a failure after the first step

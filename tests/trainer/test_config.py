@@ -28,6 +28,31 @@ def test_presets_load(tmp_path):
     assert cfg.actor.tp == 1 and cfg.cluster.actor_world_size == 4
 
 
+@pytest.mark.parametrize("name", ["qwen3_8b", "qwen3_32b", "qwen3_5_9b", "qwen3_6_27b"])
+def test_a_real_model_preset_without_a_model_is_refused_not_run_on_the_tiny_model(name):
+    """These presets sized TP/PP, batches and memory for a released checkpoint; without --model they trained the tiny
+    random model quietly (qwen3_8b, qwen3_5_9b) or failed on its head counts (the TP=4 presets)."""
+    with pytest.raises(ConfigError) as ei:
+        load_config(str(REPO_ROOT / "configs" / f"{name}.yaml"))
+    assert any(p.startswith("model.path: this preset trains a real checkpoint: give it with --model") for p in
+               ei.value.problems), ei.value.problems
+    assert not any(p.startswith("model.tiny") for p in ei.value.problems)
+
+
+def test_sft_checks_the_tiny_model_against_tp_as_rl_does(tmp_path):
+    """SFT's config check let a tiny model TP could not split through to the ranks (README's sbatch example)."""
+    from megatron_rl.sft import load_sft_config
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n')
+    with pytest.raises(ConfigError) as ei:
+        load_sft_config(str(REPO_ROOT / "configs" / "sft_tiny.yaml"),
+                        [f"data.files=[{data}]", f"train.log_dir={tmp_path / 'run'}", "actor.tp=8",
+                         "cluster.actor_world_size=8"])
+    assert any(p.startswith("model.tiny: the tiny model cannot be built at actor.tp=8") for p in ei.value.problems), \
+        ei.value.problems
+
+
 @pytest.mark.parametrize("overrides,needle", [
     (["train.steps=0"], "train.steps"),
     (["actor.tp=2", "cluster.actor_world_size=3"], "actor_world_size=3"),

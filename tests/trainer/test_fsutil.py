@@ -81,3 +81,24 @@ def test_reading_the_umask_never_sets_it(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "shared.txt").stat().st_mode) == 0o664
+
+
+def test_a_run_failing_under_its_output_lock_leaves_no_folder_the_lock_made(tmp_path):
+    """Bad input found once the lock is held (an rft model dir without config.json) left the empty folders the lock
+    file needed behind; a run that wrote there, or ended well, keeps them."""
+    from megatron_rl.fsutil import output_lock
+
+    out = tmp_path / "a" / "b" / "rows.jsonl"
+    with pytest.raises(ValueError):
+        with output_lock(out, "test"):
+            assert (tmp_path / "a" / "b").is_dir()
+            raise ValueError("bad input")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError):
+        with output_lock(out, "test"):
+            (tmp_path / "a" / "notes.txt").write_text("kept")
+            raise ValueError("after writing")
+    assert os.listdir(tmp_path / "a") == ["notes.txt"]   # b/ went, a/ holds a file
+    with output_lock(out, "test"):
+        pass
+    assert os.listdir(tmp_path / "a" / "b") == []   # a run that ended well keeps its folder (its lock file went)
