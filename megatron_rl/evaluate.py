@@ -71,7 +71,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from megatron_rl.fsutil import OutputBusyError, describe_os_error, named_os_error, output_lock
+from megatron_rl.fsutil import OutputBusyError, describe_os_error, output_lock
 
 log = logging.getLogger("megatron_rl.evaluate")
 
@@ -583,7 +583,7 @@ class Progress:
         self.records: dict[str, dict] = dict(records or {})   # task_id -> record, of the tasks selected now
         self.resumed = len(self.records)
         self._append = bool(records)    # else the first record starts the file anew
-        self._fh = None
+        self._log = None
 
     @classmethod
     def load(cls, out: Path, fingerprint: dict[str, Any], keys: dict[str, str], fresh: bool) -> "Progress":
@@ -637,34 +637,19 @@ class Progress:
         return progress
 
     def add(self, record: dict[str, Any]) -> None:
-        """Append one finished task's record (flushed and fsynced)."""
-        from megatron_rl.fsutil import fsync_dir
+        """Append one finished task's record, whole and fsynced (`fsutil.LineLog`: a full disk that took half a line,
+        then another task's line, left a damaged line before the last, which `load` refuses: every finished task lost
+        to ``--fresh``). A new file starts with the fingerprint line."""
+        from megatron_rl.fsutil import LineLog, fsync_dir
 
-        if self._fh is None:   # unbuffered, appending: a line that fails is taken back whole (`_line`)
-            self._fh = open(self.path, "ab", buffering=0)
-            if not self._append:
-                self._fh.truncate(0)
-                self._line({"evaluate_progress": PROGRESS_FORMAT, "fingerprint": self.fingerprint})
-            fsync_dir(self.path.parent)
-        self._line(record)
+        first = self._log is None
+        if first:
+            header = json.dumps({"evaluate_progress": PROGRESS_FORMAT, "fingerprint": self.fingerprint}, default=str)
+            self._log = LineLog(self.path, fresh=not self._append, header=header, fsync=True)
+        self._log.write(json.dumps(record, default=str))
+        if first:
+            fsync_dir(self.path.parent)   # the file's own entry in its folder, once
         self.records[record["task_id"]] = record
-
-    def _line(self, obj: dict[str, Any]) -> None:
-        """One whole line or none. A full disk that took half a line, followed by another task's line (space freed,
-        or a group finishing as the run stops), left a damaged line before the last, which `load` refuses: every
-        finished task lost to ``--fresh``. The half line is taken back instead; the error names the file."""
-        data = memoryview((json.dumps(obj, default=str) + "\n").encode("utf-8"))
-        start = os.fstat(self._fh.fileno()).st_size
-        try:
-            while data:
-                data = data[self._fh.write(data):]
-            os.fsync(self._fh.fileno())
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fh.fileno(), start)
-            if e.filename is not None:
-                raise
-            raise named_os_error(e, self.path) from e
 
     def note(self) -> str:
         """What a stopped run keeps, for its error message."""
@@ -673,9 +658,9 @@ class Progress:
         return f"; {len(self.records)} finished tasks are kept in {self.path}: {CONTINUE_HINT}"
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def finish(self) -> None:
         """The reports hold every row now: the progress file goes, so a finished OUT looks as it always did."""

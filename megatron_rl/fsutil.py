@@ -206,15 +206,21 @@ def naming_write_problems(folder: str | os.PathLike, name: str | os.PathLike | N
 
 
 class LineLog:
-    """A JSONL file appended one whole line at a time (a run's ``metrics.jsonl``). A torn last line that a kill or a
-    full disk left is cut off when the file is opened again, and a line that cannot be written whole is taken back,
-    so a resumed run's rows are never glued to half a row (a reader such as `megatron_rl.report` refuses the file
-    then). A file removed while open (its run dir deleted) is created again, with a warning, instead of taking the
-    rows with it. A failed write raises an OSError that names the file."""
+    """A JSONL file appended one whole line at a time (a run's ``metrics.jsonl``, `evaluate`'s progress file). A torn
+    last line that a kill or a full disk left is cut off when the file is opened again, and a line that cannot be
+    written whole is taken back, so a resumed run's rows are never glued to half a row (a reader such as
+    `megatron_rl.report` refuses the file then). A file removed while open (its run dir deleted) is created again,
+    with a warning, instead of taking the rows with it. A failed write raises an OSError that names the file.
 
-    def __init__(self, path: str | os.PathLike):
+    ``fresh``: the file is emptied when first opened (a new run over an old file). ``header``: the first line of the
+    file whenever it starts empty (created, emptied or created again). ``fsync``: every line is on disk before
+    `write` returns (a progress file a kill must not lose)."""
+
+    def __init__(self, path: str | os.PathLike, *, fresh: bool = False, header: str | None = None,
+                 fsync: bool = False):
         self.path = Path(path)
         self._fd: int | None = None
+        self._fresh, self._header, self._fsync = fresh, header, fsync
 
     def _open(self) -> int:
         if self._fd is not None and os.fstat(self._fd).st_nlink > 0:
@@ -224,8 +230,12 @@ class LineLog:
             self.close()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if self._fresh else 0)
+            self._fd = os.open(self.path, flags, 0o666)
+            self._fresh = False
             self._trim_torn_tail(self._fd)
+            if self._header is not None and os.fstat(self._fd).st_size == 0:
+                self._append(self._fd, self._header)
         except OSError as e:
             self.close()
             if e.filename is None:
@@ -252,12 +262,16 @@ class LineLog:
 
     def write(self, line: str) -> None:
         """Append ``line`` (one JSON row; a newline is added) whole, or raise with the file as it was."""
-        fd = self._open()
+        self._append(self._open(), line)
+
+    def _append(self, fd: int, line: str) -> None:
         start = os.fstat(fd).st_size
         try:
             view = memoryview((line.rstrip("\n") + "\n").encode("utf-8"))
             while view:
                 view = view[os.write(fd, view):]
+            if self._fsync:
+                os.fsync(fd)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)

@@ -320,31 +320,22 @@ def test_a_full_disk_in_evaluate_keeps_the_finished_tasks_and_the_same_command_f
     """A full disk while a task's progress line was written: a traceback naming no file, and the half line stayed.
     The next task's line, written as the run stopped, came after it: a damaged line before the last, which the rerun
     refused ("line 3 is damaged; --fresh moves the file aside"), every finished task lost."""
-    import builtins
-
-    import megatron_rl.evaluate as ev
-
     rc, err, _ = _run(setup, capsys, "whole")
     assert rc == 0, err
     whole = (setup.tmp / "whole" / "results.jsonl").read_text()
 
-    class Full:   # the progress file: its third line (the second task) hits a full disk halfway
-        def __init__(self, f):
-            self.f, self.lines = f, 0
+    real, lines = os.write, [0]
 
-        def write(self, text):
-            self.lines += 1
-            if self.lines == 3:
-                self.f.write(text[:len(text) // 2])
-                self.f.flush()
+    def write(fd, data):   # the progress file: its third line (the second task) hits a full disk halfway
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("results.partial.jsonl"):
+            lines[0] += 1
+            if lines[0] == 3:
+                real(fd, bytes(data)[:len(data) // 2])
                 raise OSError(errno.ENOSPC, NO_SPACE)
-            return self.f.write(text)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
+        return real(fd, data)
 
     with monkeypatch.context() as m:
-        m.setattr(ev, "open", lambda *a, **k: Full(builtins.open(*a, **k)), raising=False)
+        m.setattr(os, "write", write)
         rc, err, ran = _run(setup, capsys, "out")
     out = setup.tmp / "out"
     assert rc == 2 and err.strip().splitlines()[-1] == f"error: {out / 'results.partial.jsonl'}: {NO_SPACE}", err
@@ -439,15 +430,7 @@ def test_a_full_disk_in_an_export_names_the_output_and_keeps_the_old_one(tmp_pat
 def test_a_read_only_output_folder_is_one_line_naming_the_file(setup, tmp_path, monkeypatch, capsys):
     """As root a chmod does not stop a write, so the open fails as the kernel's would on a read-only mount. distill
     ended in a traceback; evaluate too once its first task finished."""
-    import builtins
-
-    import megatron_rl.evaluate as ev
     from data_synth.cli import main
-
-    def read_only(path, mode="r", *a, **k):
-        if any(c in mode for c in "wa"):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-        return builtins.open(path, mode, *a, **k)
 
     async def verify(vt, answer):
         from verifier.types import Category, VerifyResult
@@ -458,14 +441,14 @@ def test_a_read_only_output_folder_is_one_line_naming_the_file(setup, tmp_path, 
     out = tmp_path / "d" / "rows.jsonl"
     real_open = os.open
 
-    def os_open_read_only(path, flags, *a, **k):   # ResultsWriter opens OUT.partial with os.open
-        if str(path) == f"{out}.partial" and flags & (os.O_WRONLY | os.O_RDWR):
+    def os_open_read_only(path, flags, *a, **k):   # ResultsWriter and evaluate's LineLog open with os.open
+        if str(path) in (f"{out}.partial", str(setup.tmp / "out" / "results.partial.jsonl")) \
+                and flags & (os.O_WRONLY | os.O_RDWR):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return real_open(path, flags, *a, **k)
 
     with monkeypatch.context() as m:
         m.setattr(os, "open", os_open_read_only)
-        m.setattr(ev, "open", read_only, raising=False)
         rc = main(["distill", "--tasks", str(tmp_path / "d" / "tasks"), "--offline", "--out", str(out),
                    "--no-progress"])
         assert rc == 3 and capsys.readouterr().err.strip().splitlines()[-1] == \

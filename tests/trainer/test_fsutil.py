@@ -102,3 +102,40 @@ def test_a_run_failing_under_its_output_lock_leaves_no_folder_the_lock_made(tmp_
     with output_lock(out, "test"):
         pass
     assert os.listdir(tmp_path / "a" / "b") == []   # a run that ended well keeps its folder (its lock file went)
+
+
+def test_a_line_log_with_a_header_starts_every_new_file_with_it(tmp_path, monkeypatch):
+    """`evaluate`'s progress file: fresh empties an old file, the header line opens the file whenever it starts empty
+    (also when it was removed mid-run: rows without their header would be refused on resume), each line is fsynced,
+    and a line that fails is taken back whole."""
+    import errno
+
+    from megatron_rl.fsutil import LineLog
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"old": 1}\n')
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    log = LineLog(path, fresh=True, header='{"h": 1}', fsync=True)
+    log.write('{"a": 1}')
+    assert path.read_text() == '{"h": 1}\n{"a": 1}\n' and len(synced) == 2
+    path.unlink()
+    log.write('{"b": 2}')
+    assert path.read_text() == '{"h": 1}\n{"b": 2}\n'
+    real_write = os.write
+
+    def half(fd, data):
+        real_write(fd, bytes(data)[:3])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half)
+    with pytest.raises(OSError) as e:
+        log.write('{"c": 3}')
+    assert e.value.filename == str(path) and path.read_text() == '{"h": 1}\n{"b": 2}\n'
+    monkeypatch.setattr(os, "write", real_write)
+    log.close()
+    again = LineLog(path, header='{"h": 1}')   # appending to a file that has its header: none added
+    again.write('{"d": 4}')
+    again.close()
+    assert path.read_text() == '{"h": 1}\n{"b": 2}\n{"d": 4}\n'
