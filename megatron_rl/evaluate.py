@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -464,13 +465,17 @@ def _precision(task, mode: str) -> str:
     return p if p in PRECISIONS else "float32"
 
 
+def _named_family(task) -> str | None:
+    """The op family the task's manifest or generator named, if any."""
+    return task.op_family or (task.meta.get("families") or [None])[0]
+
+
 def _family(task) -> str:
     """The task's op family: as its manifest or generator named it, else the dominant family of the ops its reference
     calls (KernelBench's tasks name none; `data_synth.diagnose.reference_families`), else "unknown"."""
     from data_synth.diagnose import reference_families
 
-    named = task.op_family or (task.meta.get("families") or [None])[0]
-    return named or next(iter(reference_families(task)), "unknown")
+    return _named_family(task) or next(iter(reference_families(task)), "unknown")
 
 
 # ------------------------------------------------------------------------------------------ progress (resume)
@@ -671,13 +676,13 @@ class Progress:
         fsync_dir(self.path.parent)
 
 
-def _group_record(task, g, key: str = "") -> dict[str, Any]:
+def _group_record(task, g, key: str = "", family: str | None = None) -> dict[str, Any]:
     """One finished task as `Progress` keeps it and `_write` reads it: its results.jsonl rows (as JSON reads them
     back, so a resumed row and a new one are written alike), its op family, or why it was not scored."""
     if not g.ok:
         return {"task_id": task.task_id, "key": key, "family": None, "unscored": f"{g.status}: {g.error[:1000]}",
                 "rows": []}
-    family = _family(task)    # KernelBench's tasks are classified by a meta-tensor run: once each
+    family = family or _family(task)    # KernelBench's tasks are classified by a meta-tensor run: once each
     rows = []
     for tr in g.trajectories:
         win = next((t for t in tr.turns if t.verdict.passed), None)
@@ -789,8 +794,17 @@ def _evaluate(cfg: EvalConfig, out: Path, tasks: list, groups_by_precision: dict
             for precision, group in groups_by_precision.items()}
     todo = {precision: group for precision, group in todo.items() if group}
 
+    # a task that names no op family (KernelBench's) is classified by a meta-tensor run of its reference (up to ~2 s
+    # for the long RNNs): done ahead in a thread while the groups run, not in the event loop that feeds the engine
+    # and the farm as each group ends
+    classify = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="op-family")
+    families = {t.task_id: classify.submit(_family, t) for group in todo.values() for t in group
+                if not _named_family(t)}
+
     def keep(task, g) -> None:
-        progress.add(_group_record(task, g, keys[task.task_id]))
+        ahead = families.get(task.task_id)
+        family = ahead.result() if ahead is not None and g.ok else None
+        progress.add(_group_record(task, g, keys[task.task_id], family))
 
     async def run_all(url: str, bar) -> None:
         engines = EngineManager([HttpEngine(url, name="engine-0")])
@@ -817,6 +831,7 @@ def _evaluate(cfg: EvalConfig, out: Path, tasks: list, groups_by_precision: dict
     log_dir = out / "engine_logs"
     if todo:    # a run stopped after its last task (while writing the reports) needs no engine
         with contextlib.ExitStack() as stack:
+            stack.callback(classify.shutdown, wait=False, cancel_futures=True)   # a stopped run waits for none
             try:
                 url = stack.enter_context(serve_embedded(model_dir, device=device, seed=cfg.seed,
                                                          max_batch_size=max_batch, threads=cfg.engine_threads,
