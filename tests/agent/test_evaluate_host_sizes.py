@@ -8,7 +8,6 @@ resumed run did it all again. The engine, the farm and the agent are faked; `eva
 verifier's memory gate are real."""
 from __future__ import annotations
 
-import contextlib
 import json
 import types
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from megatron_rl.evaluate import EvalConfig, _preflight, main
 from megatron_rl.rollout.agent import GroupResult
+from tests.sft.test_evaluate_resume import FakeFarm, _fake_engine
 from verifier.types import Category, VerifyResult
 
 GiB = 1 << 30
@@ -67,19 +67,6 @@ class FakeAgent:
                                      response_text="answer")
         return GroupResult(request=request, trajectories=[types.SimpleNamespace(sample_index=i, turns=[turn])
                                                           for i in range(self.cfg.group_size)])
-
-
-class FakeFarm:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def close(self, drain: bool = True) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _fake_engine(model_dir, **kwargs):
-    yield "http://127.0.0.1:9"
 
 
 @pytest.fixture
