@@ -58,7 +58,7 @@ from .sandbox import OUTPUT_SEALS, ChildFailed, ChildTimeout, ProtocolError, San
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
 from .timing import TimedCall, choose_reps, floor_flush, implausible_timing, reported_time_problem, stats
-from .types import Category, VerifyResult, reward_eq2
+from .types import REFERENCE_FAILED, TASK_LOAD_FAILED, Category, VerifyResult, reward_eq2
 from .warm_spare import StartedChild, WarmSpares
 
 
@@ -118,18 +118,51 @@ def build_failure_result(task: Task, cfg: VerifierConfig, build: BuildResult, co
 
 
 def memory_problem(fp, cfg: VerifierConfig, backend, index: int, details: dict[str, Any],
-                   capacity_only: bool = False) -> str | None:
+                   capacity_only: bool = False, task_only: bool = False):
     """Why a task of footprint ``fp`` (``inputs.estimate_footprint``: sized on meta tensors, nothing
-    allocated) cannot fit ``backend``, or None. ``capacity_only``: against the device's whole memory rather than
-    what is free now (a stage that will have the device alone, before it does)."""
+    allocated) cannot fit ``backend`` (an ``inputs.MemoryProblem``: a ``str`` with ``rule`` and ``scope``), or None.
+    ``capacity_only``: the device against its whole memory rather than what is free now (a stage that will have the
+    device alone, before it does). ``task_only``: nothing that is free now counts, only the whole memory of the device
+    and host and the child's limit (choosing tasks ahead of time). Over a whole memory or the limit is the task's
+    fault here (``rule="task_too_large"``, never retried); over only what is free now has no rule (retried)."""
     from . import inputs
     if fp is not None:
         details["footprint"] = fp.to_dict()
     gpu = backend.is_gpu
-    device = (inputs.device_total_bytes if capacity_only else inputs.device_free_bytes)(cfg.backend, index)
-    return inputs.memory_problem(fp, is_gpu=gpu, backend_name=cfg.backend, host_free=inputs.host_available_bytes(),
-                                 child_limit=None if gpu else cfg.memory_limit_bytes,
-                                 device_free=device if gpu else None)
+    problem = inputs.memory_problem(
+        fp, is_gpu=gpu, backend_name=cfg.backend,
+        host_free=None if task_only else inputs.host_available_bytes(), host_total=inputs.host_total_bytes(),
+        child_limit=None if gpu else cfg.memory_limit_bytes,
+        device_free=None if (not gpu or capacity_only or task_only) else inputs.device_free_bytes(cfg.backend, index),
+        device_total=inputs.device_total_bytes(cfg.backend, index) if gpu else None)
+    if problem:
+        details["memory_gate"] = {"scope": problem.scope, "rule": problem.rule}
+    return problem
+
+
+def _memory_error(e: BaseException) -> bool:
+    """An exception that says memory ran short (host or device) or the OS failed: a matter of the moment, never taken
+    for the task's fault."""
+    return isinstance(e, (MemoryError, OSError)) or bool(_OUT_OF_MEMORY.search(f"{type(e).__name__}: {e}"))
+
+
+def _transient_error(e: BaseException) -> bool:
+    """``_memory_error``, or an error of the device, its driver or its libraries (a device fault can come from
+    another process's kernel, the candidate's included): never taken for the task's fault."""
+    return _memory_error(e) or bool(_DEVICE_FAULT.search(f"{type(e).__name__}: {e}"))
+
+
+def _load_fault_rule(e: BaseException) -> str | None:
+    """The rule of a task module that failed to execute in the parent (before any candidate code runs, in a process
+    none ever runs in): ``task_load_failed``, except for memory and I/O errors, which may pass."""
+    return None if _memory_error(e) else TASK_LOAD_FAILED
+
+
+def _task_load_failure(task: Task, cfg: VerifierConfig, e: BaseException, **fields) -> VerifyResult:
+    rule = _load_fault_rule(e)
+    return _finish(task, cfg, Category.INFRA, feedback.infra(
+        f"task {task.task_id} failed to load: {type(e).__name__}: {e}"
+        + ("" if rule is None else " (the task's own fault: not retried)")), rule=rule, **fields)
 
 
 def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index: int | None = None) -> VerifyResult:
@@ -141,15 +174,15 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
             return code
         if cfg.backend == "cpu":   # a task that cannot run on this host fails before anything is compiled
             details: dict[str, Any] = {}
+            from .inputs import task_footprint
             try:
-                from .inputs import estimate_footprint
-                too_big = memory_problem(estimate_footprint(load_task_module(task), cfg.precision), cfg,
-                                         get_backend("cpu"), 0, details)
-            except Exception as e:
-                too_big = f"failed to load: {type(e).__name__}: {e}"
+                module = load_task_module(task)
+            except Exception as e:   # no candidate code has run: a deterministic failure is the task's
+                return _task_load_failure(task, cfg, e, details=details, code=code)
+            too_big = memory_problem(task_footprint(task, cfg.precision, module), cfg, get_backend("cpu"), 0, details)
             if too_big:
                 return _finish(task, cfg, Category.INFRA, feedback.infra(f"task {task.task_id}: {too_big}"),
-                               details=details, code=code)
+                               rule=too_big.rule, details=details, code=code)
         build = build_candidate(task, code, cfg)
         if not build.ok:
             return build_failure_result(task, cfg, build, code)
@@ -186,6 +219,10 @@ DEVICE_HANDOVER_SHARED_MAX_BYTES = 256 << 20
 # a runtime error that says the device ran out of memory (torch, CUDA/MUSA runtime, cuBLAS/muBLAS)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocation|STATUS_ALLOC_FAILED",
                             re.IGNORECASE)
+
+# a runtime error of the device, its driver or its libraries (not of the task's code)
+_DEVICE_FAULT = re.compile(r"\b(CUDA|MUSA|cuDNN|CUBLAS|cublas|cusolver|NCCL|HIP)\b|device-side|driver|Xid|ECC|"
+                           r"illegal memory access|launch failure", re.IGNORECASE)
 
 _INTEGRITY_FIELDS = {"violations": list, "background_cpu_ms": (int, float), "threads_started": int}
 # entries of each reference output kept per correctness trial to tell whether the reference depends on its inputs
@@ -425,17 +462,23 @@ class _DeviceStage:
         import torch
 
         from .inputs import make_inputs
-        args = make_inputs(self.module, seed, self.device, self.cfg.precision)
+        try:
+            args = make_inputs(self.module, seed, self.device, self.cfg.precision)
+        except Exception as e:
+            raise self._reference_run_failure("get_inputs", e)
         before = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
-        with torch.no_grad(), self.backend.reference_precision():
-            if self.work is None:   # the first reference call also sizes the speed-of-light floor
-                out, flops, self.ref_ops = speed_of_light.count_work(lambda: model(*args))
-                out_bytes = speed_of_light.tensor_bytes(flatten_outputs(out)[0])
-                self.work = (speed_of_light.tensor_bytes(args) + out_bytes, flops)
-                # outputs this large are compared in full in the first correctness trial only (see the config)
-                self.sampled = out_bytes > self.cfg.sample_outputs_above_bytes
-            else:
-                out = model(*args)
+        try:
+            with torch.no_grad(), self.backend.reference_precision():
+                if self.work is None:   # the first reference call also sizes the speed-of-light floor
+                    out, flops, self.ref_ops = speed_of_light.count_work(lambda: model(*args))
+                    out_bytes = speed_of_light.tensor_bytes(flatten_outputs(out)[0])
+                    self.work = (speed_of_light.tensor_bytes(args) + out_bytes, flops)
+                    # outputs this large are compared in full in the first correctness trial only (see the config)
+                    self.sampled = out_bytes > self.cfg.sample_outputs_above_bytes
+                else:
+                    out = model(*args)
+        except Exception as e:
+            raise self._reference_run_failure("forward", e)
         self.backend.synchronize_fn()()
         leaves, spec = flatten_outputs(out)
         self._ref_buffer_bytes = device_handover.buffer_bytes(leaves)
@@ -812,7 +855,8 @@ class _DeviceStage:
             self._hold("exclusive")
             too_big = memory_problem(self.footprint, self.cfg, self.backend, self.index, self.details)
             if too_big:   # nothing of the task is loaded yet
-                raise _Verdict(Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}"))
+                raise _Verdict(Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}"),
+                               rule=too_big.rule)
         for name, text in (("candidate.py", self.code), ("task.py", self.task.source)):
             _write_new_file(os.path.join(self.workdir, name), text)
         self.child.send({"op": "load"})
@@ -829,10 +873,66 @@ class _DeviceStage:
         self.phase = "import"
         return ready
 
+    def _reference_construct_failure(self, e: Exception) -> _Verdict:
+        """The verdict when the parent's own ``get_init_inputs()`` / ``Model(...)`` raised. The parent never runs
+        candidate code, but the candidate's child runs beside it by now, and could exhaust the memory the reference
+        needs: so the task's fault (``reference_failed``, not retried) only where the error is no memory error and
+        the same exception comes again on meta tensors (no memory, no device); otherwise a retried infra verdict."""
+        from .inputs import reference_error_on_meta
+        again = None if _transient_error(e) else reference_error_on_meta(self.module, self.cfg.precision)
+        rule = REFERENCE_FAILED if again is not None and again[0] in ("get_init_inputs", "Model") and \
+            type(again[1]) is type(e) else None
+        return _Verdict(Category.INFRA, feedback.infra(
+            f"the task's reference Model failed to construct: {type(e).__name__}: {e}"
+            + ("" if rule is None else " (again on meta tensors: the task's own fault, not retried)")), rule=rule)
+
+    def _reference_run_failure(self, stage: str, e: Exception) -> Exception:
+        """What to raise when the parent's own ``get_inputs()`` or reference forward raised ``e`` (``stage``). The
+        parent never runs candidate code, but the candidate's child runs beside it and could exhaust the memory the
+        reference needs: the task's fault (``reference_failed``, not retried) only where ``e`` is no memory error and
+        the reference raises the same exception at the same stage on meta tensors; else ``e`` itself (a retried infra
+        verdict, as before)."""
+        from .inputs import reference_error_on_meta
+        if isinstance(e, _Verdict) or _transient_error(e):
+            return e
+        again = reference_error_on_meta(self.module, self.cfg.precision)
+        if again is None or again[0] != stage or type(again[1]) is not type(e):
+            return e
+        return _Verdict(Category.INFRA, feedback.infra(
+            f"the task's reference failed in {'get_inputs()' if stage == 'get_inputs' else 'Model.forward'} (again on "
+            f"meta tensors): {type(e).__name__}: {str(e)[:500]} (the task's own fault: not retried)"),
+            rule=REFERENCE_FAILED)
+
+    def _reference_build_error(self, seed: int) -> Exception | None:
+        """What the parent's own ``get_init_inputs()`` + ``Model(...)`` under ``seed`` raise (no memory error), or None
+        when they build. The parent never runs candidate code: a failure here is the task's."""
+        from .inputs import build_model, make_init_inputs
+        try:
+            model = build_model(self.module.Model, make_init_inputs(self.module, seed, self.device), seed,
+                                self.device, self.cfg.precision)
+        except Exception as e:   # noqa: BLE001 - the task's own code
+            return None if _transient_error(e) else e
+        del model
+        return None
+
     def _fail_from_error(self, msg: dict[str, Any]) -> _Verdict:
         phase = msg.get("phase")
         if not isinstance(msg.get("error", {}), dict) or not isinstance(msg.get("log", ""), str):
             msg = {"phase": phase, "error": {"type": "ProtocolError", "message": "malformed error report"}}
+        if phase == "construct" and getattr(self, "_init_seed", None) is not None and \
+                getattr(self, "module", None) is not None:
+            # the child builds the reference (for timing) beside ModelNew: whether a failure there is the task's,
+            # and no -1 for the candidate, the parent's own build of the reference under the same seed decides
+            # (on meta tensors first, which costs nothing: only a reference that fails there is built for real)
+            from .inputs import reference_error_on_meta
+            on_meta = reference_error_on_meta(self.module, self.cfg.precision)
+            err = self._reference_build_error(self._init_seed) if on_meta and on_meta[0] in ("get_init_inputs",
+                                                                                              "Model") else None
+            if err is not None:
+                return _Verdict(Category.INFRA, feedback.infra(
+                    f"the task's reference Model failed to construct (in the verifier's own process too): "
+                    f"{type(err).__name__}: {str(err)[:500]} (the task's own fault: not retried)"),
+                    rule=REFERENCE_FAILED)
         if phase == "compile":
             if self.service.infra_error:
                 return _Verdict(Category.INFRA, feedback.infra(self.service.infra_error[-500:]))
@@ -887,11 +987,10 @@ class _DeviceStage:
         self.device = self.backend.torch_device(self.index)
         try:
             self.module = load_task_module(self.task)
-        except Exception as e:
-            return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id} failed to load:"
-                                                                          f" {type(e).__name__}: {e}"))
+        except Exception as e:   # before any child starts: a deterministic failure is the task's
+            return _task_load_failure(self.task, cfg, e)
         from . import inputs
-        fp = inputs.estimate_footprint(self.module, cfg.precision)
+        fp = inputs.task_footprint(self.task, cfg.precision, self.module)   # cached per source and precision
         # a task too large to share the device's memory with other stages has the device to itself
         capacity = (inputs.device_total_bytes(cfg.backend, self.index) if self.backend.is_gpu
                     else inputs.host_available_bytes())
@@ -924,7 +1023,8 @@ class _DeviceStage:
                 if spare is not None:
                     spare.discard()
                 return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id}: "
-                                                                              f"{too_big}"), details=dict(self.details))
+                                                                              f"{too_big}"), rule=too_big.rule,
+                               details=dict(self.details))
             self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
             self._start(spare)
             self._lap("start")
@@ -939,17 +1039,17 @@ class _DeviceStage:
                 raise _Verdict(Category.CHEATING, feedback.cheating(
                     "timer_patch", f"timing functions were replaced: {loaded['timer_patched']}"), rule="timer_patch")
             self._raise_runtime_violations(loaded)
-            init_seed = secrets.randbits(63)
+            init_seed = self._init_seed = secrets.randbits(63)
             constructed = _checked(self._ask({"op": "construct", "seed": init_seed}, "constructed"),
                                    {"loaded_params": int, "unmatched": list})
             self.details["state_dict"] = {"loaded": constructed.get("loaded_params"),
                                           "unmatched": constructed.get("unmatched")}
             from .inputs import make_init_inputs
-            init = make_init_inputs(self.module, init_seed, self.device)
             try:
+                init = make_init_inputs(self.module, init_seed, self.device)
                 ref_model = build_model(self.module.Model, init, init_seed, self.device, cfg.precision)
             except Exception as e:
-                raise _Verdict(Category.INFRA, feedback.infra(f"reference Model failed to construct: {e}"))
+                raise self._reference_construct_failure(e)
             q = self._correctness(ref_model)
             if self.backend.is_gpu:
                 self.backend.empty_cache()  # hand the parent's cached reference blocks back to the device

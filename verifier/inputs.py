@@ -15,9 +15,12 @@ allocated (``memory_problem``).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import random
 import secrets
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -201,6 +204,37 @@ def build_model(cls, init_inputs: list, seed: int, device: torch.device, precisi
     return model.to(device=device, dtype=precision_dtype(precision))
 
 
+def reference_error_on_meta(task_module, precision: str = "float32") -> tuple[str, Exception] | None:
+    """Where and what the task's reference raises when run again on meta tensors (nothing allocated, no device, no
+    generator): ``(stage, exception)`` with stage ``get_inputs``, ``get_init_inputs``, ``Model`` or ``forward``, or None
+    when all of it runs. The verifier's parent runs this where its own run of the reference failed: the same exception
+    at the same stage again, in a process no candidate code ever ran in and with no memory at stake, shows the failure
+    is the task's. (A task that cannot run on meta tensors at all, a data-dependent one, fails here at some stage for
+    that reason; the caller compares the exception's type and stage.)"""
+    meta = torch.device("meta")
+    stage = "get_inputs"
+    try:
+        with DeviceFactoryMode(meta, None):
+            args = _to_device(task_module.get_inputs(), meta, precision_dtype(precision))
+        stage = "get_init_inputs"
+        with DeviceFactoryMode(meta, None):
+            init = task_module.get_init_inputs()
+        if not isinstance(init, (list, tuple)):
+            raise TypeError(f"get_init_inputs() must return a list or tuple, got {type(init).__name__}")
+        stage = "Model"
+        with meta, torch.no_grad():
+            model = task_module.Model(*init)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{getattr(task_module.Model, '__name__', 'Model')} did not construct an nn.Module")
+        model = model.to(dtype=precision_dtype(precision))
+        stage = "forward"
+        with DeviceFactoryMode(meta, None), torch.no_grad():
+            model(*args)
+    except Exception as e:   # noqa: BLE001 - the task's own code
+        return stage, e
+    return None
+
+
 def load_matching_state(target: torch.nn.Module, source: torch.nn.Module) -> dict[str, list[str]]:
     """Copy ``source``'s parameters/buffers into ``target`` where names and shapes match.
 
@@ -302,6 +336,51 @@ def estimate_footprint(task_module, precision: str) -> Footprint | None:
     return fp
 
 
+# estimate_footprint per (sha256 of the executed source, path, precision), in the process that computes it
+FOOTPRINT_CACHE_SIZE = 1024
+_footprints: collections.OrderedDict[tuple[str, str, str], Footprint | None] = collections.OrderedDict()
+_footprints_lock = threading.Lock()
+footprint_cache_stats = {"hits": 0, "misses": 0}
+
+
+def task_footprint(task, precision: str, module=None) -> Footprint | None:
+    """``estimate_footprint`` of a ``verifier.tasks.Task``, cached in this process (an LRU of
+    ``FOOTPRINT_CACHE_SIZE``). The meta-tensor run costs milliseconds for most tasks but 5-16 s for KernelBench's long
+    LSTM/GRU references, and every verification's memory gate asks for it. The key is the sha256 of the source the
+    verifier executes (``Task.source``: a size profile rewrites it, and an edited task file is read as a new source, so
+    neither is served a stale footprint), the task's path and the precision. ``module``: the task already executed
+    (spares a load on a miss). A task that fails to load raises (nothing is cached); a task without a text ``source``
+    is not cached. Returns a copy: callers may change it."""
+    source = getattr(task, "source", None)
+    key = (hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest(), str(getattr(task, "path", "")),
+           precision) if isinstance(source, str) else None
+    if key is not None:
+        with _footprints_lock:
+            if key in _footprints:
+                _footprints.move_to_end(key)
+                footprint_cache_stats["hits"] += 1
+                fp = _footprints[key]
+                return dataclasses.replace(fp) if fp is not None else None
+    if module is None:
+        from .tasks import load_task_module
+        module = load_task_module(task)
+    fp = estimate_footprint(module, precision)
+    if key is not None:
+        with _footprints_lock:
+            footprint_cache_stats["misses"] += 1
+            _footprints[key] = fp
+            _footprints.move_to_end(key)
+            while len(_footprints) > FOOTPRINT_CACHE_SIZE:
+                _footprints.popitem(last=False)
+    return dataclasses.replace(fp) if fp is not None else None
+
+
+def clear_footprint_cache() -> None:
+    with _footprints_lock:
+        _footprints.clear()
+        footprint_cache_stats.update(hits=0, misses=0)
+
+
 def _cgroup_free_bytes() -> int | None:
     """Memory left under this process's cgroup limit (v2 ``memory.max`` or v1), if there is one."""
     for limit_f, usage_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
@@ -332,6 +411,35 @@ def host_available_bytes() -> int | None:
         pass
     cg = _cgroup_free_bytes()
     return min(x for x in (avail, cg) if x is not None) if (avail is not None or cg is not None) else None
+
+
+def _cgroup_limit_bytes() -> int | None:
+    """This process's cgroup memory limit (v2 ``memory.max`` or v1), if there is one."""
+    for limit_f in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_f) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            return int(limit)
+    return None
+
+
+def host_total_bytes() -> int | None:
+    """The host's whole memory (``MemTotal``, capped by a cgroup limit); None if unknown. What a task must fit
+    whatever else runs: more than this is the task's fault here (``memory_problem``'s ``task_too_large``)."""
+    total = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    cg = _cgroup_limit_bytes()
+    return min(x for x in (total, cg) if x is not None) if (total is not None or cg is not None) else None
 
 
 def device_free_bytes(backend_name: str, index: int = 0) -> int | None:
@@ -406,9 +514,28 @@ def precision_probe_bytes(fp: Footprint) -> int:
     return 4 * i + o + 2 * (fp.param_bytes or 0) + 2 * w
 
 
+class MemoryProblem(str):
+    """Why one verification of a task cannot fit in memory (the text, as a ``str``), and whose fault that is.
+
+    ``rule`` is ``task_too_large`` (``verifier.types.TASK_TOO_LARGE``, one of ``verifier.farm.TASK_FAULT_RULES``) when the
+    task does not fit the device's or host's whole memory, or the child's configured limit (``memory_limit_bytes``): the
+    task's fault on this machine, never retried. It is None when the task fits the whole memory but not what is free
+    right now (other work holds the rest): transient, retried. ``scope`` is ``"capacity"`` or ``"free_now"``."""
+
+    rule: str | None
+    scope: str
+
+    def __new__(cls, text: str, rule: str | None, scope: str):
+        obj = super().__new__(cls, text)
+        obj.rule, obj.scope = rule, scope
+        return obj
+
+
 def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, host_free: int | None,
-                   child_limit: int | None, device_free: int | None = None) -> str | None:
-    """Why one verification of this task cannot fit in memory, or None when it fits (or is unknown).
+                   child_limit: int | None, device_free: int | None = None, host_total: int | None = None,
+                   device_total: int | None = None) -> MemoryProblem | None:
+    """Why one verification of this task cannot fit in memory (a ``MemoryProblem``), or None when it fits (or is
+    unknown).
 
     During a correctness trial the parent holds the inputs, a copy of them (to see whether forward wrote
     to them), the reference output and the candidate's output read back; the sandboxed child holds its
@@ -416,7 +543,13 @@ def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, hos
     candidate) besides the parent's one. On the cpu backend all of that is host memory; timing (three
     input sets, two outputs) stays below it. The reference's intermediates (``Footprint.work_bytes``) come on
     top in the parent, which runs it, and in the child, which times it. Outputs that cannot be sized are taken
-    as large as the inputs (elementwise)."""
+    as large as the inputs (elementwise).
+
+    ``host_free`` / ``device_free`` are what is free right now (None: not checked), ``host_total`` / ``device_total``
+    the whole memory (None: unknown) and ``child_limit`` the child's configured limit. A task over a whole memory or
+    the limit is the task's fault on this machine (``rule="task_too_large"``); one over only what is free now is not
+    (``rule=None``: retried)."""
+    from .types import TASK_TOO_LARGE
     if fp is None:
         return None
     i = fp.input_bytes
@@ -430,24 +563,44 @@ def memory_problem(fp: Footprint | None, *, is_gpu: bool, backend_name: str, hos
     hint = ("; verify it at smaller shapes (size profile `fit`, or a manifest profile, rewrites its size constants) "
             "or on a GPU backend" if not is_gpu else
             "; verify it at smaller shapes (size profile `fit:<MiB>`) or on a device with more memory")
+    now = " right now (the rest is in use: retried later)"
+    found: list[tuple[str, bool]] = []   # (reason, the task's fault); the first named leads, as before
     if not is_gpu:
-        if host_free is not None and parent + child > host_free:
-            return (f"the task needs about {_gib(parent + child)} of host memory for one correctness trial "
-                    f"({sizes}; the parent and the sandboxed child each hold copies), but only "
-                    f"{_gib(host_free)} is available on the {backend_name} backend{hint}")
+        need = parent + child
+        if host_free is not None and need > host_free:
+            found.append((f"the task needs about {_gib(need)} of host memory for one correctness trial "
+                          f"({sizes}; the parent and the sandboxed child each hold copies), but only "
+                          f"{_gib(host_free)} is available on the {backend_name} backend", False))
+        if host_total is not None and need > host_total:
+            found.append((f"the task needs about {_gib(need)} of host memory for one correctness trial "
+                          f"({sizes}; the parent and the sandboxed child each hold copies), more than the "
+                          f"{_gib(host_total)} this host has in all", True))
         if child_limit is not None and child + CHILD_BASE_BYTES > child_limit:
-            return (f"the sandboxed child would need about {_gib(child + CHILD_BASE_BYTES)} of address space "
-                    f"({sizes}), more than its limit memory_limit_bytes={_gib(child_limit)}{hint}")
+            found.append((f"the sandboxed child would need about {_gib(child + CHILD_BASE_BYTES)} of address space "
+                          f"({sizes}), more than its limit memory_limit_bytes={_gib(child_limit)}", True))
+    else:
+        if device_free is not None and parent + child > device_free:
+            found.append((f"the task needs about {_gib(parent + child)} of {backend_name} device memory for one "
+                          f"correctness trial ({sizes}; the parent and the sandboxed child each hold copies), but only "
+                          f"{_gib(device_free)} is free", False))
+        if device_total is not None and parent + child > device_total:
+            found.append((f"the task needs about {_gib(parent + child)} of {backend_name} device memory for one "
+                          f"correctness trial ({sizes}; the parent and the sandboxed child each hold copies), more "
+                          f"than the {_gib(device_total)} the device has in all", True))
+        host = 2 * o + 2 * p     # outputs travel through host memory; models are built on the host
+        if host_free is not None and host > host_free:
+            found.append((f"the task needs about {_gib(host)} of host memory to move its outputs and build its "
+                          f"models ({sizes}), but only {_gib(host_free)} is available", False))
+        if host_total is not None and host > host_total:
+            found.append((f"the task needs about {_gib(host)} of host memory to move its outputs and build its "
+                          f"models ({sizes}), more than the {_gib(host_total)} this host has in all", True))
+    if not found:
         return None
-    if device_free is not None and parent + child > device_free:
-        return (f"the task needs about {_gib(parent + child)} of {backend_name} device memory for one "
-                f"correctness trial ({sizes}; the parent and the sandboxed child each hold copies), but only "
-                f"{_gib(device_free)} is free{hint}")
-    host = 2 * o + 2 * p     # outputs travel through host memory; models are built on the host
-    if host_free is not None and host > host_free:
-        return (f"the task needs about {_gib(host)} of host memory to move its outputs and build its models "
-                f"({sizes}), but only {_gib(host_free)} is available{hint}")
-    return None
+    faults = [text for text, fault in found if fault]
+    if faults:   # the task's fault whatever is free
+        text = found[0][0] if found[0][0] == faults[0] else f"{found[0][0]}; besides, {faults[0]}"
+        return MemoryProblem(text + hint, TASK_TOO_LARGE, "capacity")
+    return MemoryProblem(found[0][0] + now + hint, None, "free_now")
 
 
 def large_data_note(footprint: dict[str, Any] | None, backend_name: str) -> str:

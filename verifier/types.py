@@ -23,6 +23,15 @@ class Category(str, enum.Enum):
     INFRA = "infra"  # the farm failed, not the model: retried, never scored
 
 
+# Rules of ``infra`` verdicts that are the task's own fault on this machine, never the moment's: a retry gives the same
+# verdict, so neither the farm nor its callers retry them (``verifier.farm.TASK_FAULT_RULES``).
+REFERENCE_NOT_REPEATABLE = "reference_not_repeatable"   # two reference calls on the same inputs differ
+REFERENCE_INSENSITIVE = "reference_insensitive"         # the reference gives the same output for every input
+TASK_TOO_LARGE = "task_too_large"         # one check needs more memory than the device/host has in all (or a limit)
+TASK_LOAD_FAILED = "task_load_failed"     # the task module fails to execute (a missing package, a bug in the file)
+REFERENCE_FAILED = "reference_failed"     # get_init_inputs()/Model(...) raises, again on meta tensors in the parent
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardParams:
     """MusaCoder eq. 2. λ and ν_max are not published; 0.5 / 4 follow the paper's figure."""

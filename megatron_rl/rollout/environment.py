@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from typing import Any, Awaitable, Callable, Protocol
 
 from verifier.types import Category, RewardParams, VerifyResult, reward_eq2
@@ -22,6 +23,8 @@ from .prompts import DEFAULT_SYSTEM_PROMPT, feedback_text, initial_messages, rep
 
 VerifyFn = Callable[[Any, str], Awaitable[VerifyResult]]
 Messages = list[dict[str, str]]
+
+log = logging.getLogger(__name__)
 
 BUILTIN = {"kernel": "megatron_rl.rollout.environment:KernelEnvironment", "toy": "megatron_rl.toy:ToyEnvironment"}
 
@@ -109,6 +112,8 @@ class KernelEnvironment:
         from verifier.farm import FarmConfig, VerifierFarm
 
         tasks = load_kernel_tasks(cfg.data)
+        if cfg.farm.backend != "ray":   # a Ray farm verifies on other nodes, whose memory this process cannot read
+            tasks = tasks_that_fit(tasks, cfg.verifier, cfg.data.size_profile)
         layout = FarmConfig(**cfg.farm.farm_config_kwargs())
         if cfg.farm.backend == "ray":  # compile and device workers as Ray actors (e.g. on dedicated verifier nodes)
             from verifier.ray_farm import RayVerifierFarm
@@ -186,3 +191,41 @@ def load_kernel_tasks(data, profile: bool = True) -> list:
 
         tasks = [apply_size_profile(t, data.size_profile) for t in tasks]
     return tasks
+
+
+def tasks_that_fit(tasks: list, vcfg, size_profile: str | None = None, *, shown: int = 5) -> list:
+    """The tasks one verification of which fits this machine's whole memory for the verifier's backend
+    (``verifier.evaluate.memory_problem`` with ``task_only``: the device's and host's whole memory and the child's
+    ``memory_limit_bytes``; what is free right now does not count). Every draw of a task that does not fit gives an
+    unscored group (its verdicts are ``infra``/``task_too_large``), so those are left out here, with one warning line
+    naming how many, the first few and the remedy; a ValueError when none is left. Each task is sized on meta tensors
+    once per process (``verifier.inputs.task_footprint``'s cache, which the verifier's own gate then reuses): seconds
+    for KernelBench's long RNNs, so this runs where tasks are loaded for sampling, never in ``config_problems``. A task
+    that does not load here is kept: the verifier names it (``task_load_failed``)."""
+    from verifier.devices import get_backend
+    from verifier.evaluate import memory_problem
+    from verifier.inputs import task_footprint
+
+    backend = get_backend(vcfg.backend)
+    kept, too_large = [], {}
+    for t in tasks:
+        try:
+            problem = memory_problem(task_footprint(t, vcfg.precision), vcfg, backend, 0, {}, task_only=True)
+        except Exception:  # noqa: BLE001 - the task's own import or code: left to the verifier's verdict
+            problem = None
+        if problem:
+            too_large[getattr(t, "task_id", str(t))] = problem
+        else:
+            kept.append(t)
+    if not too_large:
+        return kept
+    remedy = ("data.size_profile=fit shrinks KernelBench's GPU sizes to fit (fit:<MiB> for a budget)"
+              if not size_profile else f"a smaller data.size_profile than {size_profile!r} (e.g. fit:<MiB>)")
+    first = next(iter(too_large.values()))
+    names = ", ".join(list(too_large)[:shown]) + (", ..." if len(too_large) > shown else "")
+    if not kept:
+        raise ValueError(f"data.tasks: none of the {len(tasks)} tasks fits this machine's memory on the "
+                         f"{vcfg.backend} backend at its sizes ({names}; first: {first}); {remedy}")
+    log.warning("data.tasks: %d of %d tasks need more memory than this machine has on the %s backend at their sizes "
+                "and are left out of sampling (%s); %s", len(too_large), len(tasks), vcfg.backend, names, remedy)
+    return kept
