@@ -422,8 +422,7 @@ def _too_large_for_host(cfg: EvalConfig, groups: dict[str, list], vcfgs: dict) -
         return {}
     from verifier.devices import get_backend
     from verifier.evaluate import memory_problem
-    from verifier.inputs import estimate_footprint
-    from verifier.tasks import load_task_module
+    from verifier.inputs import task_footprint
 
     from tqdm import tqdm
 
@@ -436,8 +435,9 @@ def _too_large_for_host(cfg: EvalConfig, groups: dict[str, list], vcfgs: dict) -
         for t in tasks:
             bar.update(1)
             try:
-                problem = memory_problem(estimate_footprint(load_task_module(t), precision), vcfgs[precision], backend,
-                                         0, {})
+                # the machine's whole memory, not what is free at this moment (a busy host drops no task for the run)
+                problem = memory_problem(task_footprint(t, precision), vcfgs[precision], backend, 0, {},
+                                         task_only=True)
             except Exception as e:  # noqa: BLE001 - the task's own import or code; the verifier names it per sample
                 failed[t.task_id] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue

@@ -171,7 +171,12 @@ class Channel:
 
 
 def _describe(exc: BaseException) -> dict:
-    """The exception as text; a candidate's exception whose __str__ raises is still described."""
+    """The exception as text; a candidate's exception whose __str__ raises is still described.
+
+    ``traceback`` is what the model is shown (``feedback.runtime_error``): its own frames, read from the traceback
+    objects (`_frames_for_model`; never parsed from text, so a "File ..." line inside a message is not taken for a
+    frame), without the message, which travels once, in ``message``. ``traceback_full`` is Python's whole traceback
+    (harness frames, torch internals, chained exceptions, the message) for whoever debugs the verifier."""
     name = type(exc).__name__ if isinstance(type(exc).__name__, str) else "exception"
     try:
         message = str(exc)
@@ -180,12 +185,114 @@ def _describe(exc: BaseException) -> dict:
         message, tb = f"{name} (its message could not be formatted)", ""
     if not isinstance(message, str):
         message = name
-    return {"type": name, "message": message[-_ERR_TAIL:], "traceback": tb[-_ERR_TAIL:]}
+    try:
+        frames = _frames_for_model(exc)
+    except BaseException:   # noqa: B036 - a hostile exception (a __traceback__ that raises, ...): the message only
+        frames = ""
+    return {"type": name, "message": message[-_ERR_TAIL:], "traceback": frames[-_ERR_TAIL:],
+            "traceback_full": tb[-_ERR_TAIL:]}
+
+
+# Frames of this package (the child, its timers, guards and counting wrappers) and of the import machinery are the
+# harness's plumbing: never shown to the model. `_load_module` records which file it loaded under which name.
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_MODULE_FILES: dict[str, str] = {}
+_OWN_FRAMES_SHOWN = 12      # at most: the outermost 3 and the innermost 9 (a deep recursion's middle is left out)
+_SOURCE_CHARS = 160         # of each source line shown
+
+
+def _frames_for_model(exc: BaseException) -> str:
+    """``exc``'s traceback as the model needs it, built from the traceback objects: each frame in the candidate's
+    module (shown under the module's name, with its line number and source line; a frame repeating in a recursion
+    written once, with its count), then, where the exception was raised inside a library the candidate called
+    (torch, triton), that library's innermost frame. Left out, and counted in the header: the harness's frames
+    (this package, the import machinery, and everything outside the candidate's first frame, such as the
+    torch.nn.Module call wrappers the harness's call went through) and library frames between the candidate's own.
+    Where no frame is the candidate's (the harness failed on what the candidate returned), the innermost library
+    frame, if the error came from one. A chained exception (``raise ... from``, or raised while handling another)
+    adds one line naming the other exception."""
+    import linecache
+    from verifier.static_checks import CANDIDATE_MODULE_NAME, TASK_MODULE_NAME
+    candidate, task = _MODULE_FILES.get(CANDIDATE_MODULE_NAME), _MODULE_FILES.get(TASK_MODULE_NAME)
+
+    frames = []   # (filename, line number, function name), outermost first
+    tb = exc.__traceback__
+    while tb is not None and len(frames) < 100_000:
+        code = tb.tb_frame.f_code
+        frames.append((str(code.co_filename), int(tb.tb_lineno or 0), str(code.co_name)))
+        tb = tb.tb_next
+    kinds = ["own" if f == candidate else "harness" if f.startswith((_HARNESS_DIR, "<frozen ")) else "library"
+             for f, _, _ in frames]
+    own = [i for i, k in enumerate(kinds) if k == "own"]
+
+    def entry(i: int, note: str = "") -> list[str]:
+        filename, lineno, func = frames[i]
+        if filename == candidate:
+            where = CANDIDATE_MODULE_NAME
+        elif filename == task:
+            where = "the reference (task)"
+        else:
+            parts = filename.replace(os.sep, "/").rsplit("-packages/", 1)   # site-packages/, dist-packages/
+            where = parts[1] if len(parts) == 2 else os.path.basename(filename) or filename
+        line = linecache.getline(filename, lineno).strip() if lineno > 0 else ""
+        if len(line) > _SOURCE_CHARS:
+            line = line[:_SOURCE_CHARS] + " [...]"
+        return [f"  {where}, line {lineno}, in {func}{note}"] + ([f"    {line}"] if line else [])
+
+    shown: list[str] = []
+    if own:
+        runs: list[list] = []   # [frame index, times it repeated right after itself]
+        for i in own:
+            if runs and frames[runs[-1][0]] == frames[i]:
+                runs[-1][1] += 1
+            else:
+                runs.append([i, 0])
+        if len(runs) > _OWN_FRAMES_SHOWN:
+            inner = _OWN_FRAMES_SHOWN - 3
+            hidden = sum(1 + r[1] for r in runs[3:-inner])
+            runs = runs[:3] + [[None, hidden]] + runs[-inner:]
+        for i, repeats in runs:
+            if i is None:
+                shown.append(f"  [... {repeats} more frames of your code ...]")
+                continue
+            shown += entry(i)
+            if repeats:
+                shown.append(f"  [the frame above repeated {repeats} more times]")
+    last = len(frames) - 1
+    raised_in_library = bool(frames) and kinds[last] == "library" and (not own or last > own[-1])
+    if raised_in_library:
+        shown += entry(last, "  <- raised inside this call" if own else "  <- raised here")
+    if isinstance(exc, SyntaxError) and isinstance(exc.filename, str) and candidate \
+            and exc.filename == candidate:   # the candidate's module does not compile
+        shown.append(f"  {CANDIDATE_MODULE_NAME}, line {exc.lineno}")
+        if isinstance(exc.text, str) and exc.text.strip():
+            shown.append("    " + exc.text.strip()[:_SOURCE_CHARS])
+    if not frames and not shown:   # no traceback at all (a candidate set its exception's to None): the message
+        return ""
+    if not shown:
+        shown = ["  (raised in the verifier's harness, in none of your code's frames)"]
+    library = kinds[own[0]:].count("library") - raised_in_library if own else 0   # the rest is the harness's
+    harness = len(frames) - len(own) - library - raised_in_library
+    omitted = " and ".join(([f"{library} library frame{'s' * (library != 1)}"] if library else [])
+                           + (["the verifier's frames"] if harness else []))
+    text = ["Traceback (most recent call last" + (f"; {omitted} omitted" if omitted else "") + "):"]
+    text += shown
+    cause = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
+    if isinstance(cause, BaseException):
+        try:
+            lines = str(cause).strip().splitlines() or [""]
+            what = lines[0][:300] + (" [...]" if len(lines) > 1 or len(lines[0]) > 300 else "")
+        except BaseException:   # noqa: B036 - a hostile __str__
+            what = "(its message could not be formatted)"
+        how = "direct cause" if exc.__cause__ is not None else "raised while handling"
+        text.append(f"({how}: {type(cause).__name__}: {what})")
+    return "\n".join(text)
 
 
 def _load_module(name: str, path: str):
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, path)
+    _MODULE_FILES[name] = path   # its frames' file name (`_frames_for_model`)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -477,7 +477,7 @@ def _build(task: Task, code: str, cfg: VerifierConfig, backend: DeviceBackend, h
     elif outcome["op"] == "import_error":
         err = outcome.get("error", {})
         details["import_error"] = f"{err.get('type')}: {err.get('message', '')[:500]}"
-        res = result(True, err.get("traceback", ""), None)
+        res = result(True, err.get("traceback_full") or err.get("traceback", ""), None)   # record.json: the whole one
     elif outcome["op"] == "imported":
         res = result(True, "", None)
     else:

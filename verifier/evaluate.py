@@ -951,7 +951,9 @@ class _DeviceStage:
                  "call": "timed call", "audit": "saving a timed output",
                  "commit": "committing to timed outputs"}.get(phase, str(phase))
         headline = f"{err.get('type')}: {str(err.get('message', '')).strip()[:700]}"
-        return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(where, headline, err.get("traceback", "")))
+        # the model sees its own frames (``traceback``); the whole traceback stays in the verdict's details for people
+        return _Verdict(Category.RUNTIME_ERROR, feedback.runtime_error(where, headline, err.get("traceback", "")),
+                        traceback=str(err.get("traceback_full") or err.get("traceback", ""))[-4000:])
 
     def _lap(self, phase: str) -> None:
         """Seconds spent in each device-stage phase (child start, candidate import, correctness, timing)."""

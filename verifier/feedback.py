@@ -78,11 +78,38 @@ def cheating(rule: str, message: str, ops: Iterable[str] = ()) -> str:
     return text
 
 
+# Lines of a build log that say nothing about the candidate's code: ninja's steps, command lines and summary, torch's
+# closing "Error building extension", glog-style warnings torch logs while building ("W1205 21:10:47.464000 7499
+# .../cpp_extension.py:140] No CUDA runtime is found"). Whole lines only: a compiler's quote of the candidate's source
+# starts with its line number ("    6 |   ..."), so no line of the candidate's is taken for one of these.
+_BUILD_NOISE = re.compile(r"(?:ninja: build stopped|Error building extension |FAILED: |\[\d+/\d+\] "
+                          r"|[WIEF]\d{4} [\d:.]+ +\d+ [^\]\n]*\] ).*")
+# the directory of a build's generated sources (main.cpp, cuda.cu): temporary, and long; and an installed package's
+_BUILD_DIR = re.compile(r"(?<![\w.])/[^\s:'\"()<>]*/(?=(?:main\.cpp|cuda\.cu)\b)")
+_PACKAGES_DIR = re.compile(r"(?<![\w.])/[^\s:'\"()<>]*/(?:site|dist)-packages/")
+
+
+def build_log(log: str) -> str:
+    """A build log as the model reads it: ninja's and torch's lines dropped (`_BUILD_NOISE`), and blank lines; the
+    build directory left out of the generated sources' paths (``main.cpp:6:3: error: ...``) and the install prefix
+    out of a package's (``torch/include/ATen/...``). The compiler's lines are otherwise as it wrote them."""
+    dirs = set(_BUILD_DIR.findall(log))
+    lines = []
+    for line in log.splitlines():
+        if not line.strip() or _BUILD_NOISE.fullmatch(line):
+            continue
+        for d in dirs:
+            line = line.replace(d, "")
+        lines.append(_PACKAGES_DIR.sub("", line))
+    return "\n".join(lines)
+
+
 def compile_error(log: str, limit: int = 1200) -> str:
-    """The log's beginning and its end. The log is ``build.compiler_excerpt``'s, which starts at the compiler's
-    first error: its tail alone (an ambiguous call's candidate notes and include chains run to kilobytes) left the
-    model only ``In file included from ...`` lines and never the error."""
-    text = log.strip()
+    """The log's beginning and its end, without the build's noise (`build_log`). The log is
+    ``build.compiler_excerpt``'s, which starts at the compiler's first error: its tail alone (an ambiguous call's
+    candidate notes and include chains run to kilobytes) left the model only ``In file included from ...`` lines and
+    never the error."""
+    text = build_log(log).strip() or log.strip()
     if not text:
         return "Compilation failed:\n(no compiler output)"
     if len(text) > limit:
@@ -92,15 +119,27 @@ def compile_error(log: str, limit: int = 1200) -> str:
 
 
 def runtime_error(where: str, error: str, traceback: str = "", limit: int = 1200) -> str:
-    """The exception line first (what went wrong), then the end of the traceback (where)."""
-    text = f"Runtime error ({where}):\n{error.strip()[:limit]}"
-    room = limit - len(error.strip()[:limit])
+    """The exception (type and message, once) first: what went wrong; then where. ``traceback`` is the child's
+    (``_child._frames_for_model``): a ``Traceback (...)`` header and the candidate's own frames, without the
+    message and without the harness's frames. Where it does not fit, its header and its innermost frames are kept.
+    Any other text is shown by its end, under ``Traceback (end):``."""
+    error = error.strip()[:limit]
+    text = f"Runtime error ({where}):\n{error}"
+    room = limit - len(error)
     tb = traceback.strip()
-    if tb and room > 200:
-        tail = tb[-room:]
-        cut = tail.find("\n")
-        text += "\nTraceback (end):\n" + (tail[cut + 1:] if 0 <= cut < 200 and len(tb) > room else tail)
-    return text
+    if not tb or room <= 200:
+        return text
+    head, body = "Traceback (end):", tb
+    if tb.startswith("Traceback ("):
+        head, _, body = tb.partition("\n")
+        head = head[:120]   # room - 121 > 79 is left for the frames
+    room -= len(head) + 1
+    if len(body) > room:   # from a frame's first line ("  kernel_candidate, line 7, in f"), else a line's
+        tail = body[-room + len("[...]\n"):]
+        frame = re.search(r"\n(?=  \S)", tail)
+        cut = frame.start() if frame else tail.find("\n")
+        body = "[...]\n" + (tail[cut + 1:] if 0 <= cut < 400 else tail)
+    return text + "\n" + head + ("\n" + body if body else "")
 
 
 def timeout(stage: str, seconds: float) -> str:
