@@ -58,7 +58,8 @@ from .sandbox import OUTPUT_SEALS, ChildFailed, ChildTimeout, ProtocolError, San
 from .static_checks import check_candidate, musa_portability_notes
 from .tasks import Task, load_task_module
 from .timing import TimedCall, choose_reps, floor_flush, implausible_timing, reported_time_problem, stats
-from .types import REFERENCE_FAILED, TASK_LOAD_FAILED, Category, VerifyResult, reward_eq2
+from .types import (REFERENCE_FAILED, REFERENCE_INSENSITIVE, REFERENCE_NOT_REPEATABLE, TASK_LOAD_FAILED, Category,
+                    VerifyResult, reward_eq2)
 from .warm_spare import StartedChild, WarmSpares
 
 
@@ -161,8 +162,7 @@ def _load_fault_rule(e: BaseException) -> str | None:
 def _task_load_failure(task: Task, cfg: VerifierConfig, e: BaseException, **fields) -> VerifyResult:
     rule = _load_fault_rule(e)
     return _finish(task, cfg, Category.INFRA, feedback.infra(
-        f"task {task.task_id} failed to load: {type(e).__name__}: {e}"
-        + ("" if rule is None else " (the task's own fault: not retried)")), rule=rule, **fields)
+        f"task {task.task_id} failed to load: {type(e).__name__}: {e}", rule), rule=rule, **fields)
 
 
 def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index: int | None = None) -> VerifyResult:
@@ -181,7 +181,8 @@ def verify(task: Task, response: str | bytes, cfg: VerifierConfig, device_index:
                 return _task_load_failure(task, cfg, e, details=details, code=code)
             too_big = memory_problem(task_footprint(task, cfg.precision, module), cfg, get_backend("cpu"), 0, details)
             if too_big:
-                return _finish(task, cfg, Category.INFRA, feedback.infra(f"task {task.task_id}: {too_big}"),
+                return _finish(task, cfg, Category.INFRA, feedback.infra(f"task {task.task_id}: {too_big}",
+                                                                         too_big.rule),
                                rule=too_big.rule, details=details, code=code)
         build = build_candidate(task, code, cfg)
         if not build.ok:
@@ -855,7 +856,7 @@ class _DeviceStage:
             self._hold("exclusive")
             too_big = memory_problem(self.footprint, self.cfg, self.backend, self.index, self.details)
             if too_big:   # nothing of the task is loaded yet
-                raise _Verdict(Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}"),
+                raise _Verdict(Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}", too_big.rule),
                                rule=too_big.rule)
         for name, text in (("candidate.py", self.code), ("task.py", self.task.source)):
             _write_new_file(os.path.join(self.workdir, name), text)
@@ -884,7 +885,7 @@ class _DeviceStage:
             type(again[1]) is type(e) else None
         return _Verdict(Category.INFRA, feedback.infra(
             f"the task's reference Model failed to construct: {type(e).__name__}: {e}"
-            + ("" if rule is None else " (again on meta tensors: the task's own fault, not retried)")), rule=rule)
+            + ("" if rule is None else " (again on meta tensors)"), rule), rule=rule)
 
     def _reference_run_failure(self, stage: str, e: Exception) -> Exception:
         """What to raise when the parent's own ``get_inputs()`` or reference forward raised ``e`` (``stage``). The
@@ -900,8 +901,7 @@ class _DeviceStage:
             return e
         return _Verdict(Category.INFRA, feedback.infra(
             f"the task's reference failed in {'get_inputs()' if stage == 'get_inputs' else 'Model.forward'} (again on "
-            f"meta tensors): {type(e).__name__}: {str(e)[:500]} (the task's own fault: not retried)"),
-            rule=REFERENCE_FAILED)
+            f"meta tensors): {type(e).__name__}: {str(e)[:500]}", REFERENCE_FAILED), rule=REFERENCE_FAILED)
 
     def _reference_build_error(self, seed: int) -> Exception | None:
         """What the parent's own ``get_init_inputs()`` + ``Model(...)`` under ``seed`` raise (no memory error), or None
@@ -931,8 +931,7 @@ class _DeviceStage:
             if err is not None:
                 return _Verdict(Category.INFRA, feedback.infra(
                     f"the task's reference Model failed to construct (in the verifier's own process too): "
-                    f"{type(err).__name__}: {str(err)[:500]} (the task's own fault: not retried)"),
-                    rule=REFERENCE_FAILED)
+                    f"{type(err).__name__}: {str(err)[:500]}", REFERENCE_FAILED), rule=REFERENCE_FAILED)
         if phase == "compile":
             if self.service.infra_error:
                 return _Verdict(Category.INFRA, feedback.infra(self.service.infra_error[-500:]))
@@ -1024,8 +1023,8 @@ class _DeviceStage:
             if too_big:   # the farm cannot run this task here: no candidate runs, nothing is allocated
                 if spare is not None:
                     spare.discard()
-                return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id}: "
-                                                                              f"{too_big}"), rule=too_big.rule,
+                return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}",
+                                                                              too_big.rule), rule=too_big.rule,
                                details=dict(self.details))
             self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
             self._start(spare)
@@ -1460,8 +1459,8 @@ class _DeviceStage:
         if reference_ignores_inputs(probes, self.cfg.tolerance, self.cfg.scale_floor):
             raise _Verdict(Category.INFRA, feedback.infra(
                 f"the task's reference gives the same output for the inputs of all {len(probes)} correctness trials: "
-                "a kernel that ignores its inputs would pass, so the task cannot score a kernel"),
-                rule="reference_insensitive")
+                "a kernel that ignores its inputs would pass, so the task cannot score a kernel", REFERENCE_INSENSITIVE),
+                rule=REFERENCE_INSENSITIVE)
 
     def _check_reference_repeats(self, ref_model, seed: int | None) -> None:
         """Before a mismatch is the candidate's: the reference gives the same outputs twice for the inputs of the
@@ -1477,7 +1476,7 @@ class _DeviceStage:
             raise _Verdict(Category.INFRA, feedback.infra(
                 "the task's reference is not repeatable: two calls on the same inputs differ ("
                 + (c.mismatch.describe() if c.mismatch else "outputs differ") + "); a stateful or random reference "
-                "cannot score a kernel"), rule="reference_not_repeatable")
+                "cannot score a kernel", REFERENCE_NOT_REPEATABLE), rule=REFERENCE_NOT_REPEATABLE)
 
     def _hidden_trial(self, ref_model) -> None:
         """A correctness trial among the timed calls. The candidate cannot tell it from a timed call, so one

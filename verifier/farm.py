@@ -35,19 +35,11 @@ from .farm_workers import ProcessSlot, SlotCrashed, SlotError, SlotWedged, Threa
 from .pch import BUILD_TIMEOUT_S
 from .result_cache import ResultCache, cache_key, config_fingerprint, sha256_text
 from .size_profiles import apply_size_profile, parse_fit_profile
-from .types import (REFERENCE_FAILED, REFERENCE_INSENSITIVE, REFERENCE_NOT_REPEATABLE, TASK_LOAD_FAILED,
-                    TASK_TOO_LARGE, Category, VerifyResult)
+from .types import TASK_FAULT_RULES, Category, VerifyResult
 
 BuildFn = Callable[[Any, str, Any], Any]                 # (task, code, cfg) -> BuildResult
 RunFn = Callable[[Any, str, Any, Any, "int | None"], VerifyResult]  # (task, code, build, cfg, device_index)
 PrecheckFn = Callable[[Any, str, Any], "str | VerifyResult"]  # (task, response, cfg) -> code or verdict
-
-
-#: infra verdicts that are the task's own fault: a retry would give the same verdict, so none is made (the agent loop
-#: and ``data_synth distill`` treat them as final too). A task too large for the device's or host's whole memory is
-#: here (``task_too_large``); one that does not fit what is free right now has no rule and is retried.
-TASK_FAULT_RULES = frozenset({REFERENCE_NOT_REPEATABLE, REFERENCE_INSENSITIVE, TASK_TOO_LARGE, TASK_LOAD_FAILED,
-                              REFERENCE_FAILED})
 
 
 class FarmFull(queue.Full):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from .types import TASK_FAULT_RULES
+
 
 def bound(text: str, max_chars: int) -> str:
     text = text.strip()
@@ -164,7 +166,10 @@ def passed(t_ref_ms: float, t_cand_ms: float, speedup: float, speedup_compile: f
     return text
 
 
-def infra(message: str) -> str:
+def infra(message: str, rule: str | None = None) -> str:
+    """An ``infra`` verdict's text: retried, unless its ``rule`` makes it the task's own fault (`TASK_FAULT_RULES`)."""
+    if rule in TASK_FAULT_RULES:
+        return f"Task error (not your fault: the task itself fails here, so it is not retried; {rule}): {message}"
     return f"Verifier infrastructure error (not your fault; will be retried): {message}"
 
 

@@ -30,6 +30,11 @@ REFERENCE_INSENSITIVE = "reference_insensitive"         # the reference gives th
 TASK_TOO_LARGE = "task_too_large"         # one check needs more memory than the device/host has in all (or a limit)
 TASK_LOAD_FAILED = "task_load_failed"     # the task module fails to execute (a missing package, a bug in the file)
 REFERENCE_FAILED = "reference_failed"     # get_init_inputs()/Model(...) raises, again on meta tensors in the parent
+#: infra verdicts that are the task's own fault: a retry would give the same verdict, so none is made (the farm, the agent
+#: loop and ``data_synth distill``). A task too large for the device's or host's whole memory is here
+#: (``task_too_large``); one that does not fit what is free right now has no rule and is retried.
+TASK_FAULT_RULES = frozenset({REFERENCE_NOT_REPEATABLE, REFERENCE_INSENSITIVE, TASK_TOO_LARGE, TASK_LOAD_FAILED,
+                              REFERENCE_FAILED})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -268,3 +268,14 @@ def test_a_verification_sizes_its_task_once_and_the_next_not_at_all(tmp_path, mo
         r = verify(task, RELU_CANDIDATE, cfg)
         assert r.category != Category.INFRA, r.feedback
     assert calls == ["float32"]
+
+
+def test_a_task_fault_verdict_does_not_say_it_will_be_retried():
+    """Its text said "will be retried" and then "(the task's own fault: not retried)"."""
+    from verifier import feedback
+    from verifier.types import TASK_FAULT_RULES
+
+    for rule in TASK_FAULT_RULES:
+        text = feedback.infra("needs 54 GiB", rule)
+        assert "not retried" in text and "will be retried" not in text and rule in text
+    assert "will be retried" in feedback.infra("a worker died") and "will be retried" in feedback.infra("busy", None)
