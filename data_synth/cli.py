@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from megatron_rl.fsutil import OutputBusyError, describe_os_error, output_lock
+from megatron_rl.fsutil import OutputBusyError, describe_os_error, dir_problem, output_lock
 from verifier.samples import output_file_problem
 
 from .decontam import DEFAULT_THRESHOLD, Decontaminator
@@ -379,6 +379,9 @@ def _out_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
     out = getattr(args, "out", None)
     if not out or args.command == "distill":
         return contextlib.nullcontext()
+    problem = dir_problem(os.path.dirname(os.path.abspath(out)))   # bad input, exit 2: not the lock file's OSError
+    if problem:
+        raise DataSynthError(f"--out {out}: {problem}")
     return output_lock(out, f"data_synth {args.command}")
 
 

@@ -334,6 +334,11 @@ def _held_lock(target: Path, what: str, wait_s: float) -> Iterator[Path]:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as e:
+            if e.errno == errno.ENOENT and stale < 5:   # a run that failed removed the folder it had made: again
+                stale += 1
+                with contextlib.suppress(FileExistsError):
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                continue
             if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise named_os_error(e, path) from e
             # the output's folder is not writable (a provisioned output under a read-only parent): a lock file

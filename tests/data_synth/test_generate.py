@@ -160,3 +160,15 @@ def test_a_second_command_on_the_same_output_is_refused_before_its_work(tmp_path
     assert cli.main(["--no-progress", "generate", "--n", "2", "--no-validate", "--no-decontaminate",
                      "--out", str(out)]) == 0
     assert sorted(os.listdir(tmp_path)) == ["tasks"]
+
+
+@pytest.mark.parametrize("command", [["generate", "--n", "2"], ["diagnose", "--results", "R", "--tasks", "R"]])
+def test_an_out_under_a_file_is_a_usage_error_naming_the_file(tmp_path, capsys, command):
+    """Locking the output first turned it into exit 3 naming the lock file ("afile/.w.json.lock: Not a directory")."""
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "w"
+    argv = [a.replace("R", str(tmp_path / "r.jsonl")) for a in command]
+    assert cli.main(["--no-progress", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: cannot create" in err and "afile is a file, not a folder" in err and ".lock" not in err
+    assert sorted(os.listdir(tmp_path)) == ["afile"]

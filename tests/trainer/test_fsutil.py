@@ -139,3 +139,25 @@ def test_a_line_log_with_a_header_starts_every_new_file_with_it(tmp_path, monkey
     again.write('{"d": 4}')
     again.close()
     assert path.read_text() == '{"h": 1}\n{"b": 2}\n{"d": 4}\n'
+
+
+def test_a_lock_whose_folder_vanishes_before_its_file_is_opened_makes_it_again(tmp_path, monkeypatch):
+    """Another run that failed removes the empty folder it made for its lock file, between this run's mkdir and its
+    open: that open's ENOENT is retried, not reported."""
+    import errno
+
+    from megatron_rl import fsutil
+
+    out = tmp_path / "a" / "out"
+    real_open, calls = os.open, []
+
+    def vanishing(path, flags, *a, **k):
+        if str(path).endswith(".out.lock") and not calls:
+            calls.append(path)
+            os.rmdir(tmp_path / "a")
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        return real_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", vanishing)
+    with fsutil.output_lock(out, "test") as lock:
+        assert lock.is_file() and calls
