@@ -6,11 +6,11 @@ response when it is plain Python source. Blank blocks are skipped (a stray closi
 opens one), and a last block that parses but defines no ``ModelNew`` (a usage example after the
 answer) gives way to the last block that defines it. Info strings are read for their language
 (```python:model.py, ```{python}); an indented fence (in a list item) has its content dedented as CommonMark
-does; plain source that defines ModelNew is taken whole (fences in its docstrings are no markdown). Reasoning
-sections (``<think>`` ... ``</think>``, or everything before a ``</think>`` that no ``<think>`` opened, as Qwen3's
-generation prompt opens it) never supply the candidate: chat templates drop past reasoning, so a draft judged there
-would get feedback on code the model no longer sees; a response that ends inside its reasoning, or holds code only
-there, is a format error saying so. A response whose only code blocks are empty (plain source followed by a stray
+does; plain source that defines ModelNew is taken whole (fences in its docstrings are no markdown). In a response
+with reasoning markers only the answer, what follows the last ``</think>`` (the part a chat template keeps of the turn:
+Qwen3's drops everything before it, so a draft judged there would get feedback on code the model no longer sees),
+supplies the candidate; a response that ends inside its reasoning, or holds code only before the last ``</think>``,
+is a format error saying so. A response whose only code blocks are empty (plain source followed by a stray
 closing fence) is taken as that source where it defines ModelNew. Anything else is a ``format_error`` with a message
 the model can act on.
 
@@ -134,12 +134,12 @@ def _defines_model_new(src: str) -> bool:
 
 def _select(text: str) -> str:
     """The candidate: plain Python source that defines ModelNew as it is (fences inside its strings are no markdown);
-    else the code outside the response's reasoning sections (`_outside_reasoning`): a draft inside ``<think>`` is
-    never the answer (a chat template drops past reasoning, so feedback on it would be on code the model no longer
-    sees), and a fence the reasoning opened and never closed cannot swallow the answer's own."""
+    else the code of the response's answer (`_answer_part`): the part a chat template keeps of an assistant turn
+    (Qwen3's keeps what follows the last ``</think>``), so that feedback is never on code the model no longer sees in
+    the next turn; a fence the reasoning opened and never closed cannot swallow the answer's own."""
     if _defines_model_new(text):
         return text
-    answer, cut_off = _outside_reasoning(text)
+    answer, cut_off = _answer_part(text)
     if answer is None:
         return _select_blocks(text)
     try:
@@ -153,34 +153,26 @@ def _select(text: str) -> str:
         raise FormatError("the response ended inside its reasoning section (a <think> with no </think>: cut off at "
                           "the token limit?); the answer after </think> must hold the complete ```python block")
     if _has_code(text):
-        raise FormatError("code was found only inside the reasoning section (<think> ... </think>), which is never "
-                          "the answer; put the complete ```python block after </think>")
+        raise FormatError("code was found only before the last </think> (inside the reasoning), which the "
+                          "conversation does not keep and is never the answer; put the complete ```python block "
+                          "after the last </think>")
     raise FormatError(reason)
 
 
-def _outside_reasoning(text: str) -> tuple[str | None, bool]:
-    """(the response without its reasoning sections, whether the last one is never closed), or (None, False) when it
-    has none. A section runs from ``<think>`` to the next ``</think>``; a ``</think>`` before any ``<think>`` closes one
-    that the generation prompt opened (Qwen3's template writes the ``<think>``), so everything before it is reasoning;
-    an unclosed ``<think>`` runs to the end. The parts left are joined on line breaks (a fence right after
-    ``</think>`` still starts its line)."""
+def _answer_part(text: str) -> tuple[str | None, bool]:
+    """(the response's answer, whether a reasoning section after it is never closed), or (None, False) when the
+    response has no reasoning markers. The answer is what follows the last ``</think>``, as a chat template keeps it
+    in the conversation (a ``</think>`` with no ``<think>`` before it closes the section that the generation prompt
+    opened), up to a ``<think>`` that opens again and never closes; with no ``</think>`` at all, what precedes the
+    first ``<think>``."""
     opens, closes = _reasoning_markers(text, _THINK), _reasoning_markers(text, _THINK_END)
     if not opens and not closes:
         return None, False
-    parts, i = [], 0
-    if closes and (not opens or closes[0] < opens[0]):
-        i = closes[0] + len(_THINK_END)
-    while True:
-        k = bisect.bisect_left(opens, i)
-        if k == len(opens):
-            parts.append(text[i:])
-            return "\n".join(parts), False
-        start = opens[k]
-        parts.append(text[i:start])
-        k = bisect.bisect_right(closes, start)
-        if k == len(closes):
-            return "\n".join(parts), True
-        i = closes[k] + len(_THINK_END)
+    start = closes[-1] + len(_THINK_END) if closes else 0
+    k = bisect.bisect_left(opens, start)
+    if k < len(opens):   # a section opened after the answer began, never closed: the answer ends there
+        return text[start:opens[k]], True
+    return text[start:], False
 
 
 def _reasoning_markers(text: str, marker: str) -> list[int]:

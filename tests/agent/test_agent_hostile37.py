@@ -83,7 +83,7 @@ def test_benign_variants_extract_the_answer(case, response, want):
     ("exec_string", fenced("exec('class ModelNew: pass')\n"), "no `class ModelNew"),
     # a draft inside the reasoning is never the answer (the template drops past reasoning: turn 2's feedback would be
     # on code the model no longer sees)
-    ("code_only_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\nDone.", "only inside the reasoning"),
+    ("code_only_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\nDone.", "only before the last </think>"),
     ("think_cut_off", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "and then I would", "ended inside its reasoning"),
     ("only_in_cpp_block", fenced(MN, "cpp"), "fenced blocks: cpp"),
     ("explanation_only", "I would fuse the ops into one kernel; it should be fast.", "not Python source"),

@@ -1,4 +1,4 @@
-"""Hostile model outputs, probe 38, through the multi-turn loop: a draft only inside the reasoning, and feedback that
+"""Hostile model outputs, probe 38, through the multi-turn loop: a draft inside the reasoning, and feedback that
 carries the candidate's own text (a fake verdict, ANSI escapes, NUL) into the next prompt.
 
 Qwen3's template keeps only what follows ``</think>`` of a past answer: a draft taken from the reasoning was verified,
@@ -53,10 +53,11 @@ def test_a_draft_inside_the_reasoning_is_a_format_error_not_feedback_on_code_the
     traj = _run(qwen_tok, lambda turn: draft, verify)
     assert seen == []                                                   # the draft was never verified
     first = traj.turns[0].verdict
-    assert first.category == Category.FORMAT_ERROR and "only inside the reasoning" in first.feedback
+    assert first.category == Category.FORMAT_ERROR and "only before the last </think>" in first.feedback
     second_prompt = qwen_tok.decode(traj.turns[1].prompt_ids)
     assert "DRAFT = 1" not in second_prompt                             # the template dropped the reasoning ...
-    assert "only inside the reasoning" in second_prompt                 # ... and the feedback says what to fix
+    assert "code was found only before the last" in second_prompt   # ... and the feedback says what to fix (its
+    # </think> defused: the feedback is no place for chat control strings)
 
 
 def test_a_candidates_text_in_feedback_is_quoted_plain_text_in_the_next_prompt(qwen_tok):

@@ -26,11 +26,16 @@ def fenced(code: str, tag: str = "python") -> str:
 
 
 @pytest.mark.parametrize("case, response, match", [
-    ("draft_only_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\nSee above.", "only inside the reasoning"),
-    ("draft_in_think_empty_answer", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\n", "only inside the reasoning"),
+    ("draft_only_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\nSee above.", "only before the last </think>"),
+    ("draft_in_think_empty_answer", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\n", "only before the last </think>"),
     # Qwen3's generation prompt opened the reasoning: everything before the </think> is reasoning
-    ("draft_before_bare_close", fenced("DRAFT = 1\n" + MN) + "</think>\nDone.", "only inside the reasoning"),
+    ("draft_before_bare_close", fenced("DRAFT = 1\n" + MN) + "</think>\nDone.", "only before the last </think>"),
     ("cut_off_in_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "and then", "ended inside its reasoning"),
+    # the conversation keeps only what follows the last </think> ("Done."): code before a late review is not the answer
+    ("code_before_a_late_review", fenced("FINAL = 1\n" + MN) + "<think>\nlooks right\n</think>\nDone.",
+     "only before the last </think>"),
+    ("code_between_two_reasoning_sections", "<think>a</think>\n" + fenced("FINAL = 1\n" + MN) + "<think>b</think>Done.",
+     "only before the last </think>"),
     # the answer is judged as it is (no ModelNew), not replaced by the draft in the reasoning
     ("answer_without_model_new", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\n" + fenced("print(1)\n"),
      "no `class ModelNew"),
@@ -43,7 +48,6 @@ def test_code_inside_reasoning_is_never_the_candidate(case, response, match):
 @pytest.mark.parametrize("case, response", [
     ("answer_after_think", "<think>\n" + fenced("DRAFT = 1\n" + MN) + "</think>\n\n" + fenced("FINAL = 1\n" + MN)),
     ("answer_after_bare_close", "plan\n" + fenced("DRAFT = 1\n" + MN) + "</think>\n" + fenced("FINAL = 1\n" + MN)),
-    ("answer_before_a_late_review", fenced("FINAL = 1\n" + MN) + "<think>\nlooks right\n</think>\nDone."),
     ("answer_then_cut_off_review", fenced("FINAL = 1\n" + MN) + "<think>\nmaybe"),
     ("glued_close_and_fence", "<think>x</think>```python\nFINAL = 1\n" + MN + "```"),
     ("reasoning_fence_never_closed", "<think>\n```python\nx = (\n</think>\n" + fenced("FINAL = 1\n" + MN)),
