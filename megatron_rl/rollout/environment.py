@@ -112,7 +112,9 @@ class KernelEnvironment:
         from verifier.farm import FarmConfig, VerifierFarm
 
         tasks = load_kernel_tasks(cfg.data)
-        if cfg.farm.backend != "ray":   # a Ray farm verifies on other nodes, whose memory this process cannot read
+        # host memory only: a Ray farm verifies on other nodes, and a GPU's size would be read by initialising CUDA in
+        # this process (a context on the trainer's GPU 0); the farm's own gate still gives those task_too_large
+        if cfg.farm.backend != "ray" and cfg.verifier.backend == "cpu":
             tasks = tasks_that_fit(tasks, cfg.verifier, cfg.data.size_profile)
         layout = FarmConfig(**cfg.farm.farm_config_kwargs())
         if cfg.farm.backend == "ray":  # compile and device workers as Ray actors (e.g. on dedicated verifier nodes)
@@ -196,8 +198,8 @@ def load_kernel_tasks(data, profile: bool = True) -> list:
 def tasks_that_fit(tasks: list, vcfg, size_profile: str | None = None, *, shown: int = 5) -> list:
     """The tasks one verification of which fits this machine's whole memory for the verifier's backend
     (``verifier.evaluate.memory_problem`` with ``task_only``: the device's and host's whole memory and the child's
-    ``memory_limit_bytes``; what is free right now does not count). Every draw of a task that does not fit gives an
-    unscored group (its verdicts are ``infra``/``task_too_large``), so those are left out here, with one warning line
+    ``memory_limit_bytes``; what is free right now does not count; `from_config` asks for the cpu backend only).
+    Every draw of a task that does not fit gives an unscored group (its verdicts are ``infra``/``task_too_large``), so those are left out here, with one warning line
     naming how many, the first few and the remedy; a ValueError when none is left. Each task is sized on meta tensors
     once per process (``verifier.inputs.task_footprint``'s cache, which the verifier's own gate then reuses): seconds
     for KernelBench's long RNNs, so this runs where tasks are loaded for sampling, never in ``config_problems``. A task
