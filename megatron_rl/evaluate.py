@@ -36,8 +36,8 @@ per op family). A task whose group could not be scored (persistent infra verdict
 listed with its reason and left out of the figures, never counted as a failure. With ``--backend cpu`` the verifier's
 memory gate is run on every task before the model is loaded: a task too large for this host at its sizes (KernelBench's
 full sizes: a 6 GiB ReLU input) is listed as ``too_large`` with the sizes it needs, and nothing is generated for it
-(each of its samples would get the same ``infra`` verdict after its generation, retried to no end). The last stdout line is a JSON
-summary.
+(each of its samples would get the same ``infra`` verdict after its generation, retried to no end). The last stdout line
+is a JSON summary.
 
 A stopped run (Ctrl-C, a crash, a kill) keeps its finished tasks: each task's rows are appended to
 ``OUT/results.partial.jsonl`` as its group finishes (one fsynced line per task; a kill loses at most the task being

@@ -199,11 +199,12 @@ def tasks_that_fit(tasks: list, vcfg, size_profile: str | None = None, *, shown:
     """The tasks one verification of which fits this machine's whole memory for the verifier's backend
     (``verifier.evaluate.memory_problem`` with ``task_only``: the device's and host's whole memory and the child's
     ``memory_limit_bytes``; what is free right now does not count; `from_config` asks for the cpu backend only).
-    Every draw of a task that does not fit gives an unscored group (its verdicts are ``infra``/``task_too_large``),
-    so those are left out here, with one warning line naming how many, the first few and the remedy; a ValueError when none is left. Each task is sized on meta tensors
-    once per process (``verifier.inputs.task_footprint``'s cache, which the verifier's own gate then reuses): seconds
-    for KernelBench's long RNNs, so this runs where tasks are loaded for sampling, never in ``config_problems``. A task
-    that does not load here is kept: the verifier names it (``task_load_failed``)."""
+    Every draw of a task that does not fit gives an unscored group (its verdicts are ``infra``/``task_too_large``), so
+    those are left out here, with one warning line naming how many, the first few and the remedy; a ValueError when none
+    is left. Each task is sized on meta tensors once per process (``verifier.inputs.task_footprint``'s cache, which the
+    verifier's own gate then reuses): seconds for KernelBench's long RNNs, so this runs where tasks are loaded for
+    sampling, never in ``config_problems``. A task that does not load here is kept: the verifier names it
+    (``task_load_failed``)."""
     from verifier.devices import get_backend
     from verifier.evaluate import memory_problem
     from verifier.inputs import task_footprint
