@@ -399,6 +399,10 @@ def run_compile(job: dict, chan: Channel) -> None:
         chan.send({"op": "compile_unavailable", "error": _describe(e)})
         return
     kwargs = dict(job["kwargs"], build_directory=job["build_dir"], verbose=True)
+    # from here on the candidate's code takes part: its sources go to the compiler, and torch's load_inline then
+    # loads the library it built here (its static initializers run in this process). Whatever this process says
+    # or does after this message may be the candidate's: the parent reads no harness failure into it.
+    chan.send({"op": "compiling"})
     try:
         result = fn(**kwargs)
     except BaseException as e:

@@ -67,6 +67,19 @@ def _toolkit_homes() -> list[str]:
     return [h for h in (cpp_extension.CUDA_HOME, os.environ.get("MUSA_HOME"), "/usr/local/musa") if h]
 
 
+def _python_libs() -> set[str]:
+    """The names ``-l`` takes for this interpreter's own library (``python3.12``, with its ABI flags): the only
+    ``-lpython...`` whose absence can be the host's problem. Any other name (``cannot find -lpython9.99``, which a
+    ``static_assert`` message prints as a line of its own) is no library a build of this host ever links."""
+    import sysconfig
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    names = {version, version + (sysconfig.get_config_var("ABIFLAGS") or ""), f"python{sys.version_info.major}"}
+    lib = sysconfig.get_config_var("LDLIBRARY") or ""
+    if lib.startswith("lib"):
+        names.add(lib[3:].split(".so")[0].split(".a")[0].split(".dylib")[0])
+    return names
+
+
 def _claim_holds(m: re.Match, backend: str) -> bool:
     """Whether the toolchain problem ``m`` names (a missing header, library or tool) is true of this host and
     concerns ``backend``'s builds; False for a claim about another backend's toolchain, or one the host refutes."""
@@ -86,7 +99,7 @@ def _claim_holds(m: re.Match, backend: str) -> bool:
     lib = re.search(r"cannot find -l(\S+)", text)
     if lib:
         name = lib.group(1)
-        if name not in _BUILD_LIBS and not name.startswith("python"):   # none that torch's own builds link
+        if name not in _BUILD_LIBS and name not in _python_libs():   # none that torch's own builds link
             return False
         if ("cud" in name and backend != "cuda") or ("mus" in name and backend != "musa"):
             return False
@@ -99,7 +112,11 @@ def _claim_holds(m: re.Match, backend: str) -> bool:
     tool = re.search(r"(nvcc|mcc|c\+\+|g\+\+|ninja)|Ninja", text).group(0).lower()
     if (tool == "nvcc" and backend != "cuda") or (tool == "mcc" and backend != "musa"):
         return False
-    return shutil.which(tool) is None and not any(os.path.isfile(os.path.join(h, "bin", tool)) for h in homes)
+    # the compile child's PATH starts with this interpreter's bin dir (``sandbox.child_env``): a tool found there is
+    # there for the build too
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
+    return shutil.which(tool, path=path) is None and \
+        not any(os.path.isfile(os.path.join(h, "bin", tool)) for h in homes)
 
 
 def toolchain_problem(log: str, backend: str) -> str | None:
@@ -306,7 +323,8 @@ class ExtensionService:
         job = {"backend": self.cfg.backend, "api": api, "kwargs": kwargs, "build_dir": staging,
                "log_chars": _LOG_CHARS}
         t0 = time.monotonic()
-        run = run_one_shot("compile", job, self.cfg, self.backend, [staging], deadline, "verifier-compile-")
+        run = run_one_shot("compile", job, self.cfg, self.backend, [staging], deadline, "verifier-compile-",
+                           started_op="compiling")
         if run.hello:
             self.isolation = run.hello.get("isolation")
         reply, timed_out, exit_info = run.reply, run.timed_out, run.exit
@@ -318,14 +336,20 @@ class ExtensionService:
             return {"ok": False, "log": f"compilation timed out after {seconds:.0f} s\n{log[-2000:]}"}, None, log
         if reply is None or reply.get("op") not in ("compiled", "compile_failed"):
             shutil.rmtree(staging, ignore_errors=True)
+            if run.started:
+                # the child had begun the candidate's build (``compiling``): torch's load_inline loads the library it
+                # built in that process, so its static initializers ran there (a trap, a division by zero, a write
+                # of a reply of its own to the channel). A death or an out-of-protocol message from then on is the
+                # candidate's, whatever signal or status; only the harness's own steps before it are infra
+                what = exit_info.describe() if reply is None else f"sent {str(reply.get('op'))[:40]!r}"
+                return ({"ok": False, "log": f"the process that built and loaded your extension {what} (code that "
+                                             f"runs when the library is loaded, such as static initializers, runs "
+                                             f"there)\n{log[-4000:]}"}, None, log)
             if reply is not None and reply.get("op") == "compile_unavailable":
                 self.infra_error = f"extension toolchain unavailable: {reply.get('error', {}).get('message')}"
-            elif exit_info.signal in ("SIGKILL", "SIGXCPU", "SIGSEGV", "SIGBUS", "SIGABRT"):
-                return ({"ok": False, "log": f"the compiler process was {exit_info.describe()}\n{log[-4000:]}"},
-                        None, log)
-            else:
+            else:   # no candidate work had begun: the harness failed (its start, its torch import)
                 self.infra_error = f"compile child {exit_info.describe()}: {log[-2000:]}"
-            return {"ok": False, "log": self.infra_error or "compile child failed"}, None, log
+            return {"ok": False, "log": self.infra_error}, None, log
         self.compiled += 1
         if reply["op"] == "compile_failed":
             # torch streams the compiler output (verbose) to stdout; its exception only names the extension
@@ -481,7 +505,12 @@ def _build(task: Task, code: str, cfg: VerifierConfig, backend: DeviceBackend, h
     elif outcome["op"] == "imported":
         res = result(True, "", None)
     else:
-        return result(False, f"unexpected build message {outcome.get('op')!r}", "infra")
+        # the candidate's module code was running (phase "import") and can write to the result channel: a message out
+        # of protocol is its own doing, not the harness's. Judged like a crash while importing (the device stage,
+        # which imports the module again under the same rules, gives the verdict)
+        details["import_crash"] = f"sent an out-of-protocol message {str(outcome.get('op'))[:40]!r}"
+        res = result(True, f"importing the candidate sent an unexpected message {str(outcome.get('op'))[:40]!r}",
+                     None)
     os.makedirs(build_dir, exist_ok=True)
     with open(os.path.join(build_dir, "candidate.py"), "w") as f:
         f.write(code)

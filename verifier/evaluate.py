@@ -144,7 +144,8 @@ def memory_problem(fp, cfg: VerifierConfig, backend, index: int, details: dict[s
 def _memory_error(e: BaseException) -> bool:
     """An exception that says memory ran short (host or device) or the OS failed: a matter of the moment, never taken
     for the task's fault."""
-    return isinstance(e, (MemoryError, OSError)) or bool(_OUT_OF_MEMORY.search(f"{type(e).__name__}: {e}"))
+    text = f"{type(e).__name__}: {e}"
+    return isinstance(e, (MemoryError, OSError)) or bool(_OUT_OF_MEMORY.search(text) or _HOST_ALLOC_FAILED.search(text))
 
 
 def _transient_error(e: BaseException) -> bool:
@@ -220,6 +221,11 @@ DEVICE_HANDOVER_SHARED_MAX_BYTES = 256 << 20
 # a runtime error that says the device ran out of memory (torch, CUDA/MUSA runtime, cuBLAS/muBLAS)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocation|STATUS_ALLOC_FAILED",
                             re.IGNORECASE)
+# torch's CPU allocator failing (a RuntimeError: "[enforce fail at alloc_cpu.cpp] ... DefaultCPUAllocator: can't
+# allocate memory ... Error code 12 (Cannot allocate memory)"), or C++'s: the host was short of memory at that moment,
+# which the candidates' processes running beside the parent can cause (a task module that allocates as it loads read
+# as ``task_load_failed``, final)
+_HOST_ALLOC_FAILED = re.compile(r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|std::bad_alloc")
 
 # a runtime error of the device, its driver or its libraries (not of the task's code)
 _DEVICE_FAULT = re.compile(r"\b(CUDA|MUSA|cuDNN|CUBLAS|cublas|cusolver|NCCL|HIP)\b|device-side|driver|Xid|ECC|"

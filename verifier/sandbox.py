@@ -522,19 +522,28 @@ class OneShot:
     reply: dict[str, Any] | None   # None: it crashed, broke the protocol or timed out
     timed_out: bool
     exit: ChildExit
+    # whether the child said ``started_op`` (``run_one_shot``): from then on it ran work the candidate shapes (a
+    # compile child dlopens the candidate's library, whose static initializers run there), so a death or a message
+    # out of protocol after it is the candidate's, and only a reply before it can be the harness's word
+    started: bool = False
 
 
 def run_one_shot(mode: str, job: dict[str, Any], cfg, backend, writable: list[str], deadline: float,
-                 prefix: str) -> OneShot:
-    """Run a sandboxed child that sends its hello and one reply, in a private work dir removed afterwards."""
+                 prefix: str, started_op: str | None = None) -> OneShot:
+    """Run a sandboxed child that sends its hello and one reply, in a private work dir removed afterwards. With
+    ``started_op``, the child may send that message between them, when it starts the work that is not the
+    harness's alone (``OneShot.started``)."""
     workdir = tempfile.mkdtemp(prefix=prefix, dir=cfg.work_dir)
     child = SandboxedChild(mode, job, cfg, backend, workdir, writable=writable)
     hello = reply = None
-    timed_out = False
+    timed_out = started = False
     try:
         child.start()
         hello = child.recv(deadline)
         reply = child.recv(deadline)
+        if started_op is not None and reply.get("op") == started_op:
+            started = True
+            reply = child.recv(deadline)
     except ChildTimeout:
         timed_out = True
     except (ChildFailed, ProtocolError):
@@ -542,4 +551,4 @@ def run_one_shot(mode: str, job: dict[str, Any], cfg, backend, writable: list[st
     finally:
         exit_info = child.close(grace_s=2.0, timed_out=timed_out)
         shutil.rmtree(workdir, ignore_errors=True)
-    return OneShot(hello, reply, timed_out, exit_info)
+    return OneShot(hello, reply, timed_out, exit_info, started)
