@@ -52,14 +52,19 @@ _getframe = sys._getframe
 # collector off, a trial with it on, and a forward that dropped a cycle holding a ``__del__`` and then allocated
 # ~1000 objects learnt whether it was checked (kernel when profiled, ATen in the timed calls, whose outputs the
 # audits check by value only). Every model call now starts right after a full collection and runs with the
-# collector off (``settle_garbage``, then ``gc.disable``); the interpreter's own objects are frozen before the
-# candidate is imported (``gc.freeze``), so a full collection costs microseconds.
+# collector off (``settle_garbage``, then ``gc.disable``). What survives a collection is frozen (``gc.freeze``), so the
+# next one scans only what was made since: its cost is the last call's own garbage, microseconds for the reference.
+# (A collection over everything let a candidate that kept millions of objects alive slow the reference's flush
+# intervals, whose time the timer subtracts from the candidate's span: work hidden outside its timed calls.) Cyclic
+# garbage made of objects frozen earlier is never collected: the child lives for one verification.
 _gc_collect, _gc_disable, _gc_enable, _gc_freeze = gc.collect, gc.disable, gc.enable, gc.freeze
 
 
 def settle_garbage() -> None:
-    """Collect every unreachable cycle now (its finalizers run here, outside any call), as before every model call."""
+    """Collect every unreachable cycle now (its finalizers run here, outside any call), then freeze what is left, as
+    before every model call and every timed batch."""
     _gc_collect()
+    _gc_freeze()
 
 
 # Bytes of a timed reference tensor's storage that ``DeviceSession._check_reference`` compares: all of a smaller one,
@@ -1023,8 +1028,7 @@ class DeviceSession:
         self._ns_before = _op_namespaces(torch)
         self._bg_base = self._bg_cpu_ms()
         self._threads_base = self._threads()
-        settle_garbage()
-        _gc_freeze()   # the harness's and torch's objects: a full collection before each model call scans the rest
+        settle_garbage()   # the harness's and torch's objects frozen: no collection scans them again
 
     def _rearm(self, bg_before: float) -> None:
         """After torch.compile imported dynamo (it wraps torch functions) or compiled (threads, global state):
@@ -1035,8 +1039,7 @@ class DeviceSession:
         self.state.kernels = dispatch_tables(self.torch, list(self.state.kernels))
         self.harness = HarnessGuard(*self._guarded)
         self._harness_changed = self.harness.changed
-        settle_garbage()
-        _gc_freeze()   # what compiling made (dynamo's caches), as at arming
+        settle_garbage()   # what compiling made (dynamo's caches) frozen, as at arming
 
     def after_import(self) -> None:
         self.own_namespaces = _op_namespaces(self.torch) - self._ns_before
@@ -1478,6 +1481,7 @@ class DeviceSession:
         def before_each():   # in each call's flush interval, as before a trial's call
             settle_garbage()
             inputs.reseed_unpredictably()
+        settle_garbage()   # the other runner's garbage (its finalizers) now, outside this batch's span and flushes
         _gc_disable()
         try:
             batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, before_each))

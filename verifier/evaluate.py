@@ -228,7 +228,7 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocati
 _HOST_ALLOC_FAILED = re.compile(r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|std::bad_alloc")
 
 # a runtime error of the device, its driver or its libraries (not of the task's code)
-_DEVICE_FAULT = re.compile(r"\b(CUDA|MUSA|cuDNN|CUBLAS|cublas|cusolver|NCCL|HIP)\b|device-side|driver|Xid|ECC|"
+_DEVICE_FAULT = re.compile(r"\b(CUDA|MUSA|cuDNN|CUBLAS|cublas|cusolver|NCCL|HIP)(\b|_)|device-side|driver|Xid|ECC|"
                            r"illegal memory access|launch failure", re.IGNORECASE)
 
 _INTEGRITY_FIELDS = {"violations": list, "background_cpu_ms": (int, float), "threads_started": int}
@@ -886,7 +886,8 @@ class _DeviceStage:
         needs: so the task's fault (``reference_failed``, not retried) only where the error is no memory error and
         the same exception comes again on meta tensors (no memory, no device); otherwise a retried infra verdict."""
         from .inputs import reference_error_on_meta
-        again = None if _transient_error(e) else reference_error_on_meta(self.module, self.cfg.precision)
+        again = None if _transient_error(e) else reference_error_on_meta(self.module, self.cfg.precision,
+                                                                         construct_only=True)
         rule = REFERENCE_FAILED if again is not None and again[0] in ("get_init_inputs", "Model") and \
             type(again[1]) is type(e) else None
         return _Verdict(Category.INFRA, feedback.infra(
@@ -931,7 +932,7 @@ class _DeviceStage:
             # and no -1 for the candidate, the parent's own build of the reference under the same seed decides
             # (on meta tensors first, which costs nothing: only a reference that fails there is built for real)
             from .inputs import reference_error_on_meta
-            on_meta = reference_error_on_meta(self.module, self.cfg.precision)
+            on_meta = reference_error_on_meta(self.module, self.cfg.precision, construct_only=True)
             err = self._reference_build_error(self._init_seed) if on_meta and on_meta[0] in ("get_init_inputs",
                                                                                               "Model") else None
             if err is not None:

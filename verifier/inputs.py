@@ -204,18 +204,21 @@ def build_model(cls, init_inputs: list, seed: int, device: torch.device, precisi
     return model.to(device=device, dtype=precision_dtype(precision))
 
 
-def reference_error_on_meta(task_module, precision: str = "float32") -> tuple[str, Exception] | None:
+def reference_error_on_meta(task_module, precision: str = "float32",
+                            construct_only: bool = False) -> tuple[str, Exception] | None:
     """Where and what the task's reference raises when run again on meta tensors (nothing allocated, no device, no
     generator): ``(stage, exception)`` with stage ``get_inputs``, ``get_init_inputs``, ``Model`` or ``forward``, or None
     when all of it runs. The verifier's parent runs this where its own run of the reference failed: the same exception
     at the same stage again, in a process no candidate code ever ran in and with no memory at stake, shows the failure
     is the task's. (A task that cannot run on meta tensors at all, a data-dependent one, fails here at some stage for
-    that reason; the caller compares the exception's type and stage.)"""
+    that reason; the caller compares the exception's type and stage.) ``construct_only``: ``get_init_inputs`` and
+    ``Model`` alone (a forward on meta tensors takes seconds for a long RNN: not for a question about construction)."""
     meta = torch.device("meta")
     stage = "get_inputs"
     try:
-        with DeviceFactoryMode(meta, None):
-            args = _to_device(task_module.get_inputs(), meta, precision_dtype(precision))
+        if not construct_only:
+            with DeviceFactoryMode(meta, None):
+                args = _to_device(task_module.get_inputs(), meta, precision_dtype(precision))
         stage = "get_init_inputs"
         with DeviceFactoryMode(meta, None):
             init = task_module.get_init_inputs()
@@ -226,6 +229,8 @@ def reference_error_on_meta(task_module, precision: str = "float32") -> tuple[st
             model = task_module.Model(*init)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{getattr(task_module.Model, '__name__', 'Model')} did not construct an nn.Module")
+        if construct_only:
+            return None
         model = model.to(dtype=precision_dtype(precision))
         stage = "forward"
         with DeviceFactoryMode(meta, None), torch.no_grad():
@@ -381,65 +386,58 @@ def clear_footprint_cache() -> None:
         footprint_cache_stats.update(hits=0, misses=0)
 
 
-def _cgroup_free_bytes() -> int | None:
-    """Memory left under this process's cgroup limit (v2 ``memory.max`` or v1), if there is one."""
-    for limit_f, usage_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                             ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                              "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            with open(limit_f) as f:
-                limit = f.read().strip()
-            with open(usage_f) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < (1 << 60):
-            return max(0, int(limit) - usage)
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),   # v2: limit, usage
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None   # "max" (v2, no limit) is None
+
+
+def _cgroup_memory() -> tuple[int, int | None] | None:
+    """(limit, usage) of this process's cgroup memory (v2 or v1), if it has a limit; usage None if unreadable."""
+    for limit_f, usage_f in _CGROUP_FILES:
+        limit = _read_int(limit_f)
+        if limit is not None and limit < (1 << 60):   # v1 writes "no limit" as a huge number
+            return limit, _read_int(usage_f)
     return None
 
 
-def host_available_bytes() -> int | None:
-    """Memory the host can still give (``MemAvailable``, capped by a cgroup limit); None if unknown."""
-    avail = None
+def _meminfo_bytes(field: str) -> int | None:
+    """A ``/proc/meminfo`` field (``MemAvailable``, ``MemTotal``) in bytes; None if unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    cg = _cgroup_free_bytes()
-    return min(x for x in (avail, cg) if x is not None) if (avail is not None or cg is not None) else None
-
-
-def _cgroup_limit_bytes() -> int | None:
-    """This process's cgroup memory limit (v2 ``memory.max`` or v1), if there is one."""
-    for limit_f in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(limit_f) as f:
-                limit = f.read().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and int(limit) < (1 << 60):
-            return int(limit)
     return None
+
+
+def _smallest_known(*values: int | None) -> int | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def host_available_bytes() -> int | None:
+    """Memory the host can still give (``MemAvailable``, capped by what is left under a cgroup limit); None if
+    unknown."""
+    cg = _cgroup_memory()
+    left = max(0, cg[0] - cg[1]) if cg is not None and cg[1] is not None else None
+    return _smallest_known(_meminfo_bytes("MemAvailable"), left)
 
 
 def host_total_bytes() -> int | None:
     """The host's whole memory (``MemTotal``, capped by a cgroup limit); None if unknown. What a task must fit
     whatever else runs: more than this is the task's fault here (``memory_problem``'s ``task_too_large``)."""
-    total = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    total = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    cg = _cgroup_limit_bytes()
-    return min(x for x in (total, cg) if x is not None) if (total is not None or cg is not None) else None
+    cg = _cgroup_memory()
+    return _smallest_known(_meminfo_bytes("MemTotal"), cg[0] if cg is not None else None)
 
 
 def device_free_bytes(backend_name: str, index: int = 0) -> int | None:

@@ -157,3 +157,22 @@ class ModelNew(nn.Module):
 def test_a_forward_cannot_tell_a_timed_call_by_its_inputs_addresses(make_cfg):
     r = verify(load_task(task_path("relu")), compiled(POINTER_TELL), make_cfg())
     assert r.category == Category.CHEATING and r.rule == "forbidden_op", (r.category, r.rule, r.feedback)
+
+
+def test_a_collection_before_a_call_scans_only_what_the_last_call_left():
+    """Review of the fix above: a collection over every live object before each timed call let a candidate keep
+    millions of objects alive through the reference's batch (~0.5-0.8 s a collection), slowing the reference's flush
+    intervals, whose time the timer subtracts from the candidate's span (work hidden outside its timed calls). What
+    survives a collection is frozen: the next one scans only what was made since, whoever made the rest."""
+    import gc
+
+    from verifier._child import settle_garbage
+
+    kept = [[i] for i in range(300_000)]   # a candidate's objects, alive through the next batch
+    try:
+        settle_garbage()
+        assert gc.get_freeze_count() >= len(kept)
+        assert len(gc.get_objects()) < 50_000   # what the next collection scans: none of the kept ones
+    finally:
+        gc.unfreeze()
+    assert len(kept) == 300_000

@@ -114,6 +114,11 @@ def test_replay_from_the_harness_is_caught_by_sampled_audits(make_cfg, monkeypat
 SAMPLE_FIXUP = '''
 import gc
 
+
+def _find_session():   # the harness froze its objects (gc.freeze: out of get_objects' sight); native code
+    gc.unfreeze()     # can thaw them, or find the session another way
+    return [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+
 from verifier.correctness import sample_index
 
 
@@ -124,7 +129,7 @@ class ModelNew(nn.Module):
         self.hooked = False
 
     def _hook(self):
-        session = [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+        session = _find_session()
         save, inputs = session._save, self.inputs
         self.session = session
 
@@ -167,6 +172,11 @@ OVERSIZED_COMMITMENT = '''
 import gc
 
 
+def _find_session():   # the harness froze its objects (gc.freeze: out of get_objects' sight); native code
+    gc.unfreeze()     # can thaw them, or find the session another way
+    return [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+
+
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
@@ -174,7 +184,7 @@ class ModelNew(nn.Module):
 
     def forward(self, a, b):
         if not self.hooked:
-            session = [o for o in gc.get_objects() if type(o).__name__ == "DeviceSession"][0]
+            session = _find_session()
             hand_over = session._hand_over
 
             def padded(name, tensors, *args, **kw):

@@ -181,6 +181,17 @@ def test_a_reference_that_raises_is_the_tasks_fault_not_the_candidates(tmp_path,
     assert where in r.feedback and r.reward is None
 
 
+def test_a_broken_model_is_the_tasks_fault_even_when_its_inputs_do_not_run_on_meta_tensors(tmp_path):
+    """The construction check ran the whole reference on meta tensors and gave up at a data-dependent get_inputs
+    (``.item()``), leaving a broken Model.__init__ a -1 for the candidate; it now asks about construction only."""
+    source = RELU.replace("super().__init__()", "super().__init__()\n        raise ValueError('a bug in the task')")
+    source = source.replace("return [torch.randn(batch_size, dim)]",
+                            "x = torch.randn(batch_size, dim)\n    return [x * float(x.sum().item() != 0)]")
+    assert ".item()" in source
+    r = verify(_task(tmp_path, "bad_init_data_dependent", source), RELU_CANDIDATE, _cfg(tmp_path))
+    assert r.category == Category.INFRA and r.rule == REFERENCE_FAILED, (r.category, r.rule, r.feedback[:300])
+
+
 def test_a_candidate_that_fails_to_construct_on_a_sound_task_is_still_its_own_error(tmp_path):
     broken = python_only('''
 class ModelNew(nn.Module):
@@ -212,6 +223,10 @@ def test_memory_and_device_errors_of_the_reference_are_never_the_tasks_fault(tmp
     assert broken._reference_run_failure("forward", err) is err
     dev = RuntimeError("CUDA error: an illegal memory access was encountered")
     assert broken._reference_run_failure("forward", dev) is dev
+    for text in ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+                 "allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)",
+                 "CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"):
+        assert broken._reference_run_failure("forward", RuntimeError(text)).__class__ is RuntimeError, text
     assert broken._reference_construct_failure(RuntimeError("CUDA error: out of memory")).rule is None
     # a sound reference that failed here once (whatever the reason) is not the task's fault
     sound = _stage(tmp_path, RELU)
