@@ -48,7 +48,7 @@ def test_a_toolchain_line_the_candidate_wrote_is_its_compile_error(log):
 
 
 def test_a_toolchain_problem_that_holds_is_still_infra(monkeypatch):
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name, path=None: None)
     monkeypatch.setattr(build, "_toolkit_homes", lambda: [])
     assert toolchain_problem("FileNotFoundError: No such file or directory: 'ninja'", "cpu")
     assert toolchain_problem("/bin/sh: 1: nvcc: not found", "cuda") == "nvcc: not found"
