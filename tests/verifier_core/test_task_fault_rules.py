@@ -9,7 +9,6 @@ moment carry none (retried).
 - the meta-tensor footprint is computed once per (source, path, precision) in a process.
 """
 import os
-import textwrap
 
 import pytest
 
@@ -20,34 +19,14 @@ from verifier.farm import TASK_FAULT_RULES
 from verifier.tasks import load_task, load_task_module
 from verifier.types import REFERENCE_FAILED, TASK_LOAD_FAILED, TASK_TOO_LARGE, Category
 
+from . import test_hostile_outputs
 from .candidates import calling, python_only, task_path
 
 GiB = 1 << 30
 
 RELU = open(task_path("relu")).read()
 
-# KernelBench level1/100_HingeLoss.py at its full size: 36 GiB for one correctness trial (parent and child)
-HINGE = textwrap.dedent('''\
-    import torch
-    import torch.nn as nn
-
-    class Model(nn.Module):
-        def __init__(self):
-            super(Model, self).__init__()
-
-        def forward(self, predictions, targets):
-            return torch.mean(torch.clamp(1 - predictions * targets, min=0))
-
-    batch_size = 32768
-    input_shape = (32768,)
-    dim = 1
-
-    def get_inputs():
-        return [torch.rand(batch_size, *input_shape), torch.randint(0, 2, (batch_size,)).float() * 2 - 1]
-
-    def get_init_inputs():
-        return []
-    ''')
+HINGE = test_hostile_outputs.HINGE   # KernelBench level1/100_HingeLoss.py at its full size: 36 GiB a trial
 
 
 @pytest.fixture(autouse=True)
