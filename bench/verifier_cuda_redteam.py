@@ -37,6 +37,8 @@ TASKS = {
               "[torch.randn(2048, 4096), torch.randn(2048, 4096), torch.randn(2048, 4096)]"),
     "transpose": ("transpose of a 4096x4096 matrix", "x", "x.t().contiguous()", "[torch.randn(4096, 4096)]"),
     "row_sumsq": ("row sums of squares", "x", "(x * x).sum(dim=1)", "[torch.randn(4096, 8192)]"),
+    # small enough that the caching allocator lays a batch's inputs out at one stride (sub-allocated blocks)
+    "relu_small": ("relu of a 256x256 matrix", "x", "torch.relu(x)", "[torch.randn(256, 256)]"),
 }
 
 TASK_TEMPLATE = '''import torch
@@ -302,6 +304,22 @@ class ModelNew(nn.Module):
         _ = ext.transpose(x[:1, :1].contiguous())
         return x.t().contiguous()
 """
+POINTER_PROBE = """
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.prev = 0
+        self.deltas = [0, 0, 0]
+
+    def forward(self, x):
+        p = x.data_ptr()
+        d = p - self.prev
+        self.prev = p
+        self.deltas = self.deltas[1:] + [d]
+        if d != 0 and len(set(self.deltas)) == 1:
+            raise ValueError("inputs at one stride: a timed batch")
+        return ext.relu(x)
+"""
 # a SIGILL in the compile child when torch loads the library: the candidate's compile_error, not infra
 STATIC_TRAP = HEADER.replace("CUDA_SRC = r\"\"\"", "CUDA_SRC = r\"\"\"\nstatic int boom() { __builtin_trap(); return 0; }\n"
                                                  "static int armed = boom();")
@@ -354,6 +372,9 @@ CASES = {
     "honest_with_garbage": ("relu", HEADER + FINALIZER + model("x", "ext.relu(x)", init="        self.box = [False]\n",
                                                                body="        Probe(self.box)\n"), "pass", None),
     "state_dict_decoy": ("transpose", HEADER + STATE_DICT_DECOY, "cheating", "decoy_kernel"),
+    # raises where four inputs in a row lie one stride apart (a timed batch's calls, where session 38 found a candidate
+    # could run torch): since session 39 a trial's inputs are made in a random order with random gaps, so it never does
+    "pointer_probe": ("relu_small", HEADER + POINTER_PROBE, "pass", None),
     "static_init_trap": ("relu", STATIC_TRAP + model("x", "ext.relu(x)"), "compile_error", None),
 }
 # cases that need the static rules bypassed or another config (see above)

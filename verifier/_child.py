@@ -74,6 +74,17 @@ REFERENCE_SAMPLE_BYTES = 1 << 14
 # the reference's own ops are (a kernel registered over aten::equal would blind the watch)
 REFERENCE_CHECK_OPS = frozenset({"aten::equal", "aten::bitwise_xor", "aten::index_select", "aten::cat"})
 
+# The gaps ``DeviceSession.prepare`` leaves between a timed trial's input sets, which it makes in a random order: a
+# random size each, below one set's bytes and, over the whole trial, this many bytes. Before, a batch's inputs lay at
+# one stride, so "this input lies one stride past the last one" told a timed call from a checked one (a hidden trial's
+# round is prepared alike, so whatever the layout still tells, it tells of the hidden trial's call too).
+SPACER_BYTES = 64 << 20
+
+
+def _random_below(n: int) -> int:
+    return int.from_bytes(os.urandom(8), "little") % max(int(n), 1)
+
+
 # Every call of a model (correctness, ablation and hidden trials, warm-up, timed batches) starts at this Python stack
 # depth. A forward can measure its depth without any forbidden name (recursing until RecursionError, swallowed by a
 # context manager's __exit__): a trial's forward ran one frame shallower than a timed call's, so a candidate ran its
@@ -1286,61 +1297,128 @@ class DeviceSession:
         return {"op": "constructed", "loaded_params": len(state["loaded"]), "unmatched": state["unmatched"][:20]}
 
     def trial(self, msg):
+        """One correctness trial: the candidate's model called once, profiled and watched. With ``prepared`` (a
+        hidden trial among the timed calls) that call is the one at index ``at`` of the candidate's batch of a round
+        the parent runs as a timed trial: ``prepare`` made every runner's inputs as for a timed trial (freeing the last
+        one's), the other runners' batches run through ``call`` in a shuffled order around this one, which runs as
+        ``call`` runs its batch (reference watch, flushes, a settled collector before each call, one depth), its
+        outputs kept alive as a timed batch's. Its inputs lie where a timed batch's would, and so a forward that
+        computes with PyTorch only where it guesses it is timed is profiled there too. Only the call at ``at`` is
+        judged; its output is copied before the batch's later calls run."""
         from verifier import fallback, inputs
         from verifier.correctness import flatten_outputs
         torch = self.torch
         self.integrity()
         now, ms = self.timer.now, {}
         t = now()
-        args = inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)
+        in_batch = bool(msg.get("prepared")) and self.flusher is not None
+        sets = self.args.get("cand", []) if in_batch else \
+            [inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)]
+        at = int(msg.get("at", 0)) if in_batch else 0
+        if not 0 <= at < len(sets):
+            return {"op": "error", "phase": "harness", "error": {"type": "ValueError",
+                                                                 "message": f"trial call {at} outside the batch"}}
+        args = sets[at]
         self.timer.synchronize()
         ms["trial_inputs"], t = (now() - t) * 1e3, now()
         prints = self._fingerprints(args)
         ms["trial_fingerprints"], t = (now() - t) * 1e3, now()
-        calls_before, opaque_before = self.client.native_calls, self.client.opaque_calls
         if msg.get("ablate"):
             gen = torch.Generator(device=self.device)
             gen.manual_seed(int(msg["seed"]))
             self._ablation = {"calls": 0, "poisoned": 0, "passthrough": 0, "probes": 0, "generator": gen,
                               "done": set(), "restore": [], "model": self._model_tensors()}
             self._protected = {self._tb.untyped_storage(a).data_ptr() for a in args if issubclass(type(a), self._tb)}
-            self.client.ablator = self._ablated_call
-        own, hits = self.client.module_names, [0]
+        own, hits, seen = self.client.module_names, [0], {}
 
+        def start() -> None:   # right before the judged call
+            seen["calls"], seen["opaque"] = self.client.native_calls, self.client.opaque_calls
+            if self._ablation is not None:
+                self.client.ablator = self._ablated_call
+            profiler = self.backend.profiler()
+            seen["prof"] = profiler.__enter__()
+            seen["profiler"] = profiler   # only once it runs: stop() must not stop one that never started
+            seen["stop_watch"] = _watch_calls(own, hits)
+
+        def stop() -> None:    # right after it (once; on an error too)
+            stop_watch, profiler = seen.pop("stop_watch", None), seen.pop("profiler", None)
+            try:
+                if stop_watch is not None:
+                    stop_watch()
+            finally:
+                self.client.ablator = None
+                seen.setdefault("calls_after", self.client.native_calls)
+                seen.setdefault("opaque_after", self.client.opaque_calls)
+                if profiler is not None:
+                    try:
+                        self.timer.synchronize()
+                    finally:
+                        profiler.__exit__(None, None, None)
+
+        def stop_in_batch(out) -> None:
+            stop()
+            # judged now: the batch's later calls must not change what this one returned (a persistent output
+            # buffer) nor see the model's tensors as the ablation left them
+            leaves, _ = flatten_outputs(out)
+            seen["aliases_input"] = self._aliases(leaves, args)
+            seen["inputs_modified"] = self._timed(ms, "trial_fingerprints", lambda: not self._unchanged(args, prints))
+            seen["out"] = self._copied(out)
+            if self._ablation is not None:
+                self._restore(self._ablation["restore"])
+                self._ablation["restore"] = []
+
+        if in_batch:
+            self._check_reference()   # as ``call`` does around a timed batch
         settle_garbage()   # as in a timed batch: all garbage collected before the call, none during it
         _gc_disable()
         try:
-            inputs.reseed_unpredictably()
-            with self.backend.profiler() as prof:
-                stop = _watch_calls(own, hits)
-                try:
-                    out = at_call_depth(lambda: call_once(lambda: self.new_model(*args)))
-                finally:
-                    stop()
-                    self.client.ablator = None
-                self.timer.synchronize()
+            if in_batch:
+                calls = [(lambda a=a: self.new_model(*a)) for a in sets]
+
+                def before_each():   # as in a timed batch (``call``)
+                    settle_garbage()
+                    inputs.reseed_unpredictably()
+                batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, before_each,
+                                                                    watch=(at, start, stop_in_batch)))
+                out = seen["out"]
+                self.outputs["cand"] = batch.outputs   # alive until the next ``prepare``, as a timed batch's are
+                del batch, calls
+            else:
+                inputs.reseed_unpredictably()
+                start()
+                out = at_call_depth(lambda: call_once(lambda: self.new_model(*args)))
         finally:
-            _gc_enable()
+            try:
+                stop()
+            finally:
+                _gc_enable()
+        if in_batch:
+            self._check_reference()
+        del sets
         ms["trial_forward"], t = (now() - t) * 1e3, now()
-        events = prof.function_events
+        events = seen["prof"].function_events
         ops, custom = fallback.outermost_ops(events, _op_namespaces(torch) - self.own_namespaces)
         leaves, _ = flatten_outputs(out)
         tensors = [x for x in leaves if issubclass(type(x), self._tb)]
+        if "aliases_input" not in seen:
+            seen["aliases_input"] = self._aliases(leaves, args)
+            seen["inputs_modified"] = self._timed(ms, "trial_fingerprints", lambda: not self._unchanged(args, prints))
+        calls_made = seen["calls_after"] - seen["calls"]
         reply = {"op": "trial_done",
                  "subclass_outputs": [type(x).__name__ for x in tensors if type(x) is not torch.Tensor],
                  "devices": [self._tb.device.__get__(x).type for x in tensors],
-                 "aliases_input": self._aliases(leaves, args),
-                 "inputs_modified": self._timed(ms, "trial_fingerprints", lambda: not self._unchanged(args, prints)),
+                 "aliases_input": seen["aliases_input"],
+                 "inputs_modified": seen["inputs_modified"],
                  "aten_ops": dict(ops),
-                 "native_calls": self.client.native_calls - calls_before + hits[0] + sum(custom.values()),
+                 "native_calls": calls_made + hits[0] + sum(custom.values()),
                  "device_kernels": dict(fallback.device_kernel_names(events, self.backend.device_event_types())),
                  "timer_patched": self.timer.patched(self.backend)}
         if self._ablation is not None:
             # native work outside the wrapped entry points: pybind methods of the candidate's classes, its
             # TORCH_LIBRARY ops, CUDA graph replays, Triton when its launcher could not be wrapped
-            wrapped = self.client.native_calls - calls_before   # each also shows up once among the hits
+            wrapped = calls_made   # each also shows up once among the hits
             opaque = max(0, hits[0] - wrapped - self._ablation["probes"]) + sum(custom.values()) + \
-                self.client.opaque_calls - opaque_before
+                seen["opaque_after"] - seen["opaque"]
             if "triton" in sys.modules and self.backend.is_gpu and not self.triton_wrapped:
                 opaque += 1
             reply["ablation"] = {"calls": self._ablation["calls"], "poisoned": self._ablation["poisoned"],
@@ -1360,6 +1438,24 @@ class DeviceSession:
             self._restore(restore)
         reply.update(self._common())
         return reply
+
+    def _copied(self, value, depth: int = 0):
+        """``value`` with each plain tensor in it cloned, containers walked with the base types' own methods (as
+        ``flatten_outputs`` walks them: no code of the candidate's runs); anything else, a tensor subclass
+        included, as it is (judged as returned)."""
+        from verifier.correctness import MAX_OUTPUT_DEPTH
+        kind = type(value)
+        if kind is self.torch.Tensor:
+            return self._tb.clone(value)
+        if depth > MAX_OUTPUT_DEPTH:
+            return value
+        if issubclass(kind, list):
+            return [self._copied(v, depth + 1) for v in list.__iter__(value)]
+        if issubclass(kind, tuple):
+            return tuple(self._copied(v, depth + 1) for v in tuple.__iter__(value))
+        if issubclass(kind, dict):
+            return {k: self._copied(dict.__getitem__(value, k), depth + 1) for k in list(dict.keys(value))}
+        return value
 
     @staticmethod
     def _restore(restore) -> None:
@@ -1464,9 +1560,22 @@ class DeviceSession:
         self.outputs = {}
         self.last_cand = []
         t = self.timer.now()
+        # made in a random order, each after a gap of random size (``SPACER_BYTES``)
+        slots = [(r, k) for r in msg["runners"] for k in range(len(msg["seeds"][r]))]
+        for i in range(len(slots) - 1, 0, -1):
+            j = _random_below(i + 1)
+            slots[i], slots[j] = slots[j], slots[i]
+        made: dict[tuple[str, int], Any] = {}
+        spacers, room = [], 0
+        for runner, k in slots:
+            if room:
+                spacers.append(self.torch.empty(_random_below(room), dtype=self.torch.uint8, device=self.device))
+            made[runner, k] = inputs.make_inputs(self.task, int(msg["seeds"][runner][k]), self.device, self.precision)
+            room = room or max(4096, min(self._nbytes(made[runner, k]), SPACER_BYTES // max(len(slots), 1)))
+        del spacers
         for runner in msg["runners"]:
-            for seed in msg["seeds"][runner]:
-                self.args[runner].append(inputs.make_inputs(self.task, int(seed), self.device, self.precision))
+            self.args[runner] = [made[runner, k] for k in range(len(msg["seeds"][runner]))]
+        del made
         self.timer.synchronize()
         return {"op": "prepared", "harness_ms": {"timing_inputs": (self.timer.now() - t) * 1e3}}
 

@@ -28,6 +28,7 @@ work on GPU-less hosts.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import fcntl
@@ -202,11 +203,67 @@ def compiler_excerpt(log: str, limit: int = 4000) -> str:
     return text[:limit] if first is not None else text[-limit:]
 
 
+# The lines torch's ``load_inline`` puts before the candidate's sources in the files it compiles (torch 2.x,
+# ``torch.utils.cpp_extension.load_inline``): ``main.cpp`` starts with the extension header, ``cuda.cu`` with three
+# includes, then each source string follows, joined by newlines (``main.cpp`` ends with the bindings of ``functions``).
+_GENERATED_PREFIX_LINES = {"main.cpp": ("cpp_sources", 1), "cuda.cu": ("cuda_sources", 3)}
+# a compiler's position in a generated file: gcc/clang ``main.cpp:12:5:``, nvcc ``cuda.cu(12):``
+_GENERATED_POSITION = re.compile(r"\b(main\.cpp|cuda\.cu)(?::(\d+)(?::\d+)?|\((\d+)\))")
+
+
+def source_lines_in_log(log: str, api: str, kwargs: dict[str, Any], code: str = "") -> str:
+    """``log`` with each position in a file that ``load_inline`` generated followed by where that line is in what the
+    candidate wrote: ``main.cpp:12:5 (line 57 of your code)``, or of its source string where the string is not one
+    literal of ``code`` spanning its lines (``_literal_line``). The compiler's own numbers are off by the lines torch
+    puts first (one in ``main.cpp``, three in ``cuda.cu``), and nvcc prints no source line to find it by."""
+    if api != "torch.utils.cpp_extension.load_inline":   # torch_musa's generates its files its own way
+        return log
+    try:
+        tree = ast.parse(code) if code else None
+    except (SyntaxError, ValueError):
+        tree = None
+    spans: dict[str, list[tuple[int, int, int | None, str]]] = {}   # file -> (first line, last line, code line, name)
+    for file, (arg, prefix) in _GENERATED_PREFIX_LINES.items():
+        prefix = 0 if kwargs.get("no_implicit_headers") else prefix   # torch then writes the sources alone
+        items = kwargs.get(arg)
+        items = [items] if isinstance(items, str) else items if isinstance(items, list) else []
+        line = prefix + 1
+        for k, text in enumerate(items):
+            if not isinstance(text, str):
+                return log
+            n = text.count("\n") + 1
+            at = _literal_line(tree, text) if tree is not None and text.strip() else None
+            name = arg if len(items) == 1 else f"{arg}[{k}]"
+            spans.setdefault(file, []).append((line, line + n - 1, at, name))
+            line += n
+
+    def where(m: re.Match) -> str:
+        file, number = m.group(1), int(m.group(2) or m.group(3))
+        for first, last, at, name in spans.get(file, []):
+            if first <= number <= last:
+                offset = number - first
+                place = f"line {at + offset} of your code" if at is not None else f"line {offset + 1} of {name}"
+                return f"{m.group(0)} ({place})"
+        return m.group(0)
+    return _GENERATED_POSITION.sub(where, log)
+
+
+def _literal_line(tree: ast.AST, text: str) -> int | None:
+    """The line of the code where the one string literal whose value is ``text`` starts, if it spans as many lines as
+    ``text`` has (no ``\\n`` escapes, no concatenation at run time); else None."""
+    hits = [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value == text]
+    if len(hits) != 1 or hits[0].end_lineno is None or hits[0].end_lineno - hits[0].lineno != text.count("\n"):
+        return None
+    return hits[0].lineno
+
+
 class ExtensionService:
     """Parent side of ``load_inline`` routing: cache lookups and sandboxed compiles, within a time budget."""
 
-    def __init__(self, cfg: VerifierConfig, backend: DeviceBackend | None = None, build_pch: bool = True):
+    def __init__(self, cfg: VerifierConfig, backend: DeviceBackend | None = None, build_pch: bool = True,
+                 code: str = ""):
         self.cfg = cfg
+        self.code = code   # the candidate's source: compile errors name its lines (``source_lines_in_log``)
         self.build_pch = build_pch   # off in the device stage: it may use a published PCH, never wait for one
         self.backend = backend or get_backend(cfg.backend)
         self.root = cache_root(cfg)
@@ -271,7 +328,7 @@ class ExtensionService:
             finally:
                 self.budget_left -= time.monotonic() - t0
         if not meta.get("ok"):
-            return self._fail(meta.get("log", "extension build failed"))
+            return self._fail(source_lines_in_log(meta.get("log", "extension build failed"), api, kwargs, self.code))
         return self._ready(key, meta)
 
     def _pch_for(self, api: str, kwargs: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
@@ -438,7 +495,7 @@ def build_candidate(task: Task, code: str, cfg: VerifierConfig) -> BuildResult:
 def _build(task: Task, code: str, cfg: VerifierConfig, backend: DeviceBackend, h: str,
            build_dir: str) -> BuildResult:
     t0 = time.monotonic()
-    service = ExtensionService(cfg, backend)
+    service = ExtensionService(cfg, backend, code=code)
     workdir = tempfile.mkdtemp(prefix="verifier-build-", dir=cfg.work_dir)
     cand_path = os.path.join(workdir, "candidate.py")
     with open(cand_path, "w") as f:

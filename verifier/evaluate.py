@@ -22,8 +22,10 @@ Trust map of the checks:
   kernels seen by the profiler, tensor-subclass outputs, outputs aliasing inputs, inputs modified in place
   (compared against what the reference does), timer objects replaced after capture, harness functions
   replaced, global state changed, other threads' CPU time, calls into the candidate's extension
-  (``fallback.runtime_violations``). Audited timing trials also run one hidden correctness trial
-  (profiled, checked like the others): a candidate that switches to PyTorch once its trials are over fails.
+  (``fallback.runtime_violations``). Audited timing trials also run one hidden correctness trial and one
+  ablation trial (profiled, checked like the others), each one call, at a secret position, of a batch made and run
+  as a timed batch is: a candidate that switches to PyTorch once its trials are over, or where its inputs lie as a
+  timed batch's do, fails.
 """
 from __future__ import annotations
 
@@ -396,6 +398,7 @@ class _DeviceStage:
         self.task, self.code, self.build, self.cfg = task, code, build, cfg
         self.spares = spares
         self.force_alone = force_alone
+        self._timing_runners: list[str] = []   # set when timing begins (``_timing``)
         self.backend = get_backend(cfg.backend)
         self.index = device_index or 0
         self.details: dict[str, Any] = {"tolerance": {"atol": cfg.tolerance, "rtol": cfg.tolerance,
@@ -848,7 +851,7 @@ class _DeviceStage:
         # a warm spare was started before this stage began (by the previous candidate's stage)
         self.details["child"] = {"pid": self.child.proc.pid if self.child.proc else None,
                                  "started_s_before_stage": round(max(0.0, self._last_lap - self.child.started_at), 3)}
-        self.service = ExtensionService(cfg, self.backend, build_pch=False)
+        self.service = ExtensionService(cfg, self.backend, build_pch=False, code=self.code)
         self.conv = _Conversation(self.child, self.service, cfg.startup_timeout_s, started.messages)
         hello = self.conv.expect()
         self.details["isolation"] = hello.get("isolation")
@@ -1276,16 +1279,17 @@ class _DeviceStage:
                 "timing was not honest (hidden work, a cache kept across the flush, or a forged report)"),
                 rule="below_speed_of_light", q=1.0)
 
-    def _decoy_check(self, ref_model, q: float) -> None:
+    def _decoy_check(self, ref_model, q: float, batch: int = 1) -> None:
         """An ablation trial: the child overwrites with random bytes everything the candidate's native calls
         (extension functions, Triton launches) returned or wrote, right after each call. An output that is
         still right came from elsewhere: the kernels were decoys (a no-op call beside allowed data movement on
         a transpose-like task, or a kernel whose result is thrown away). Inconclusive, and skipped, when no
         native call ran through the ablation, when native work ran where it cannot see (pybind class methods,
-        the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input."""
+        the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input.
+        ``batch``: see ``_ask_trial``."""
         import torch
         seed = secrets.randbits(63)
-        report, sample, commitment = self._ask_trial(seed, ablate=True)
+        report, sample, commitment = self._ask_trial(seed, ablate=True, batch=batch)
         self._raise_runtime_violations(report, q=q)
         ref_leaves, ref_spec, _, ref_aliases = self._reference(ref_model, seed)
         ab = report.get("ablation") or {}
@@ -1310,17 +1314,43 @@ class _DeviceStage:
                                                            if passthrough else "") + "the output unchanged)"),
                 rule="decoy_kernel", q=q)
 
-    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False
+    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False, batch: int = 1
                    ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:
         """Run one trial in the child: its report (with the handover's fields), the sample it handed over (None:
         every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) and the
         trial is not ``full``, the child keeps the output after the call, commits to it, and hands over the
         entries of a seed drawn only once the commitment is sealed ("collect"). A full handover goes through a
-        device buffer where one can be offered (``_device_offer``), else through a sealed memfd."""
+        device buffer where one can be offered (``_device_offer``), else through a sealed memfd. With ``batch`` > 1
+        (hidden trials, once timing has begun) the judged call is one, at a secret position, of the candidate's batch
+        of that many calls in a round made and run as a timed trial is (every runner's inputs, then their batches),
+        whose times are thrown away: its inputs lie where a timed call's would."""
+        if batch <= 1 or not self._timing_runners:
+            return self._ask_one_trial(seed, ablate, full)
+        # a round made as a timed trial is (``_timing``): every runner's inputs, fresh seeds but ours at a secret call
+        # of the candidate's batch, the runners before it in a shuffled order run, their times thrown away (those after
+        # it would change nothing the call sees: the next request is another round's ``prepare``)
+        runners = list(self._timing_runners)
+        at = secrets.randbelow(batch)
+        seeds = {r: [secrets.randbits(63) for _ in range(batch)] for r in runners}
+        seeds["cand"][at] = seed
+        self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
+        order = sorted(runners, key=lambda _: secrets.randbits(32))
+        for runner in order[:order.index("cand")]:
+            self._untimed_call(runner)
+        return self._ask_one_trial(seed, ablate, full, {"prepared": True, "at": at})
+
+    def _untimed_call(self, runner: str) -> None:
+        """Another runner's batch of a hidden trial's round (``_ask_trial``): run as in a timed trial, not timed."""
+        reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
+                         {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float), **_INTEGRITY_FIELDS})
+        self._raise_runtime_violations(reply, q=1.0)
+
+    def _ask_one_trial(self, seed: int, ablate: bool, full: bool, in_batch: dict[str, Any] | None = None
+                       ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:
         hold = self.sampled and not full
         offer = self._device_offer("commit", self._ref_commit_bytes) if hold \
             else self._device_offer("out", self._ref_buffer_bytes)
-        msg = {"op": "trial", "seed": seed, **({"ablate": True} if ablate else {}),
+        msg = {"op": "trial", "seed": seed, **(in_batch or {}), **({"ablate": True} if ablate else {}),
                **({"hold": True, "commit_k": self.cfg.output_sample_elements} if hold else {}),
                **({"commit_out" if hold else "device_out": offer} if offer else {})}
         report = _checked(self._ask(msg, "trial_done"), _TRIAL_FIELDS)
@@ -1354,14 +1384,14 @@ class _DeviceStage:
         self._device_snapshot = self._snapshot(kind, report, "device_layout") if offer else None
         return report
 
-    def _trial(self, ref_model, seed: int, full: bool = False,
-               probe: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _trial(self, ref_model, seed: int, full: bool = False, probe: bool = False,
+               batch: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
         the first mismatch, in-place/aliasing flags against the reference, runtime rule violations; with
         ``probe``, ``_probe``'s sample of the reference's outputs). The reference runs first: its outputs size the
-        device buffer a full handover is offered."""
+        device buffer a full handover is offered. ``batch``: see ``_ask_trial``."""
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
-        report, sample, commitment = self._ask_trial(seed, full=full)
+        report, sample, commitment = self._ask_trial(seed, full=full, batch=batch)
         if report.get("subclass_outputs"):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
@@ -1485,11 +1515,12 @@ class _DeviceStage:
                 + (c.mismatch.describe() if c.mismatch else "outputs differ") + "); a stateful or random reference "
                 "cannot score a kernel", REFERENCE_NOT_REPEATABLE), rule=REFERENCE_NOT_REPEATABLE)
 
-    def _hidden_trial(self, ref_model) -> None:
-        """A correctness trial among the timed calls. The candidate cannot tell it from a timed call, so one
-        that computes with PyTorch (or wrongly, or off its extension) once its correctness trials are over
-        is judged like in a correctness trial, with the profiler on."""
-        report, judged = self._trial(ref_model, secrets.randbits(63))
+    def _hidden_trial(self, ref_model, batch: int) -> None:
+        """A correctness trial among the timed calls: one call of a batch of ``batch`` calls made and run as a timed
+        batch is, at a secret position (``_ask_trial``). The candidate cannot tell it from a timed call, so one
+        that computes with PyTorch (or wrongly, or off its extension) once its correctness trials are over, or only
+        where its inputs lie as a timed batch's do, is judged like in a correctness trial, with the profiler on."""
+        report, judged = self._trial(ref_model, secrets.randbits(63), batch=batch)
         bad_ops = forbidden_ops(report.get("aten_ops") or {})
         if bad_ops:
             raise _Verdict(Category.CHEATING, feedback.cheating(
@@ -1511,12 +1542,13 @@ class _DeviceStage:
         # an ablation trial among the timed calls too: a decoy that counts its calls ran its kernel for real in the
         # correctness phase (its ablation trial is always the call after the last correctness trial) and only then
         # handed back allowed data movement beside a token native call
-        self._decoy_check(ref_model, 1.0)
+        self._decoy_check(ref_model, 1.0, batch=batch)
 
     def _timing(self, ref_model, retry: bool = True) -> tuple[float, float, float | None]:
         import random
         cfg = self.cfg
         runners = ["ref", "cand"] + (["ref_compile"] if cfg.compare_torch_compile else [])
+        self._timing_runners = runners   # hidden trials run rounds of these (``_ask_trial``)
         rng = random.Random(secrets.randbits(64))
         warm = _checked(self._ask({"op": "warmup", "n": cfg.num_warmup, "seed": secrets.randbits(63),
                                    "runners": runners, "compile_ref": cfg.compare_torch_compile,
@@ -1601,7 +1633,7 @@ class _DeviceStage:
                     t_audit = time.monotonic()
                     for k in picks:
                         self._audit(ref_model, seeds["cand"][k], k, trial=j)
-                    self._hidden_trial(ref_model)
+                    self._hidden_trial(ref_model, n)
                     audit_s += time.monotonic() - t_audit
                     last_checked = j
                 if shared:
@@ -1614,7 +1646,7 @@ class _DeviceStage:
             trial_s.append(time.monotonic() - t_trial - audit_s)
             done += 1
         if last_checked != done - 1:   # timing ended sooner than its pace predicted: a hidden trial at the end
-            self._hidden_trial(ref_model)
+            self._hidden_trial(ref_model, reps)
         problem = implausible_timing(calls)
         by = {r: [c.call_ms for c in calls if c.runner == r] for r in runners}
         timing = {r: stats(v) for r, v in by.items()}

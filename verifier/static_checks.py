@@ -50,7 +50,8 @@ SECURITY_RULES: dict[str, str] = {
     "extension_load_file": "builds extensions from files (torch.utils.cpp_extension.load, torch.ops.load_library)",
     "tensor_subclass": "defines tensor subclasses or torch function/dispatch modes (lazy outputs)",
     "torch_compiler": "uses torch.compile / TorchScript / export (generated code hides PyTorch fallbacks)",
-    "profiler_probe": "inspects the profiler (behaving differently while being checked)",
+    "profiler_probe": "inspects the profiler or the allocator's statistics (behaving differently while being "
+                      "checked)",
     "library_fallback": "computes with another library (numpy, scipy, cupy, numba, jax, ...)",
     "native_source": "native sources or load_inline arguments that are not static literals, or obfuscated "
                      "native code (token pasting, raw machine code, macro or flag aliases, unsafe compiler flags)",
@@ -139,6 +140,12 @@ _QUALIFIED_RULES: list[tuple[str, str]] = [
     ("torch.autograd.profiler_util", "profiler_probe"),
     ("operator.attrgetter", "dynamic_code"), ("operator.methodcaller", "dynamic_code"),
 ]
+_ALLOCATOR_STATS = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                    "memory_stats", "memory_stats_as_nested_dict", "memory_snapshot", "memory_summary",
+                    "mem_get_info", "list_gpu_processes", "current_allocated_memory", "driver_allocated_memory",
+                    "get_memory_info", "memory_cached", "max_memory_cached", "device_memory_used",
+                    "host_memory_stats", "host_memory_stats_as_nested_dict", "caching_allocator_alloc",
+                    "caching_allocator_delete", "get_allocator_backend", "memory_usage")
 for _dev in ("cuda", "musa", "xpu", "mps"):
     _QUALIFIED_RULES += [
         (f"torch.{_dev}.Stream", "stream_creation"), (f"torch.{_dev}.stream", "stream_creation"),
@@ -151,7 +158,13 @@ for _dev in ("cuda", "musa", "xpu", "mps"):
         (f"torch.{_dev}.Event", "timer_tampering"), (f"torch.{_dev}.streams.Event", "timer_tampering"),
         (f"torch.{_dev}.Event.elapsed_time", "timer_tampering"),
     ]
+    # how much memory is in use tells a hidden trial's batch (made while the timed trial's inputs and outputs are
+    # alive) from a timed batch; a kernel's forward never needs the allocator's statistics
+    _QUALIFIED_RULES += [(f"torch.{_dev}.{name}", "profiler_probe") for name in _ALLOCATOR_STATS]
+    _QUALIFIED_RULES += [(f"torch.{_dev}.memory.{name}", "profiler_probe") for name in _ALLOCATOR_STATS]
 _QUALIFIED_RULES += [("torch.Event", "timer_tampering")]
+_QUALIFIED_RULES += [(f"torch.accelerator.{name}", "profiler_probe") for name in _ALLOCATOR_STATS]
+_QUALIFIED_RULES += [(f"torch.accelerator.memory.{name}", "profiler_probe") for name in _ALLOCATOR_STATS]
 _HARMLESS_TORCH_SETTERS = {"set_grad_enabled", "set_printoptions", "set_device"}
 # private torch helpers that are pure functions of their arguments, used to copy nn.Linear/nn.Conv* initialisation
 # and argument handling (nothing reachable through them that the other rules would not catch by name)

@@ -286,7 +286,48 @@ def test_a_cpp_syntax_error_shows_the_compilers_first_error(make_cfg):
     r = verify(load_task(task_path("relu_small")), CPP_TYPO, make_cfg())
     assert r.category == Category.COMPILE_ERROR, (r.category, r.feedback)
     lines = r.feedback.splitlines()
-    assert lines[0] == "Compilation failed:" and re.fullmatch(r"main\.cpp:6:\d+: error: .*", lines[1]), r.feedback
+    # main.cpp's line 6 is the fifth of SRC (torch puts one include first), which is line 9 of the code block
+    assert lines[0] == "Compilation failed:" and re.fullmatch(r"main\.cpp:6:\d+ \(line 9 of your code\): error: .*",
+                                                              lines[1]), r.feedback
+    assert CPP_TYPO.split("```python\n")[1].splitlines()[8] == "  return y;"
     assert "return y;" in lines[2]
     assert not any(s in r.feedback for s in ("ninja", "Error building extension", "/tmp/", "cpp_extension.py",
                                               os.sep + ".tmp-"))
+
+
+def test_compile_positions_name_the_line_of_the_candidates_code():
+    """torch's ``load_inline`` compiles generated files: ``main.cpp`` has one line before the candidate's
+    ``cpp_sources``, ``cuda.cu`` three before its ``cuda_sources``, so the compiler's line numbers were off by those
+    (and nvcc prints no source line to find it by). Each position now names the line of the candidate's code, or of
+    its source string where that is not written out verbatim in the code."""
+    from verifier.build import source_lines_in_log
+    API = "torch.utils.cpp_extension.load_inline"
+    code = 'import torch\nCPP = """int f();\nint g();"""\nCUDA = r"""\n__global__ void k() {\n  oops;\n}\n"""\n'
+    cuda = "\n__global__ void k() {\n  oops;\n}\n"
+    log = ("/tmp/b/cuda.cu(6): error: identifier \"oops\" is undefined\n"
+           "/tmp/b/main.cpp:3:5: error: 'g' was not declared\n"
+           "/tmp/b/main.cpp:9:1: error: in the generated bindings\n"
+           "/tmp/b/cuda.cu(2): error: in torch's includes\n")
+    out = source_lines_in_log(log, API, {"cpp_sources": "int f();\nint g();", "cuda_sources": cuda}, code)
+    lines = out.splitlines()
+    assert code.splitlines()[6 - 1] == "  oops;"
+    assert lines[0] == '/tmp/b/cuda.cu(6) (line 6 of your code): error: identifier "oops" is undefined'
+    assert code.splitlines()[3 - 1].endswith("int g();\"\"\"")
+    assert lines[1] == "/tmp/b/main.cpp:3:5 (line 3 of your code): error: 'g' was not declared"
+    assert lines[2:] == log.splitlines()[2:]   # the bindings and torch's own lines: as the compiler wrote them
+    # a list of sources, and a string not written verbatim in the code (an escape): its own line numbers
+    out = source_lines_in_log("main.cpp:4:2: error: x\n", API,
+                              {"cpp_sources": ["int a;", "int b;\nint c;\tint d;"]}, "int a;\n")
+    assert out == "main.cpp:4:2 (line 2 of cpp_sources[1]): error: x\n"
+    # literals with escapes are found by value; one whose newlines are escapes cannot be mapped line by line
+    code = 'A = "int a;"\nB = """int b;\nint c;\\tint d;"""\nC = "int x;\\nint y;"\n'
+    items = ["int a;", "int b;\nint c;\tint d;", "int x;\nint y;"]
+    out = source_lines_in_log("main.cpp:4:2: e\nmain.cpp:6:1: f\n", API, {"cpp_sources": items}, code)
+    assert code.splitlines()[2] == 'int c;\\tint d;"""'
+    assert out == "main.cpp:4:2 (line 3 of your code): e\nmain.cpp:6:1 (line 2 of cpp_sources[2]): f\n"
+    # no_implicit_headers: torch writes the sources alone
+    out = source_lines_in_log("main.cpp:2:1: error: y\n", API, {"cpp_sources": "int a;\nint b;",
+                                                                 "no_implicit_headers": True}, 'X = """int a;\nint b;"""')
+    assert out == "main.cpp:2:1 (line 2 of your code): error: y\n"
+    assert source_lines_in_log("main.cpp:2:2: x", "torch_musa.utils.musa_extension.load_inline",
+                               {"cpp_sources": "int a;"}, "int a;") == "main.cpp:2:2: x"

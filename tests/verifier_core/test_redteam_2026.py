@@ -271,7 +271,7 @@ class _Scripted(_DeviceStage):
     def __init__(self, cfg, reps: int):
         from verifier.devices import get_backend
         self.cfg, self.details, self.reps, self.backend, self.work = cfg, {}, reps, get_backend("cpu"), None
-        self.prepared, self.audited, self.hidden = [], [], 0
+        self.prepared, self.audited, self.hidden, self.hidden_batches = [], [], 0, []
 
     def _ask(self, msg, expect):
         if msg["op"] == "warmup":
@@ -287,8 +287,9 @@ class _Scripted(_DeviceStage):
     def _audit(self, ref_model, seed, rep=0, trial=None):
         self.audited.append((len(self.prepared) - 1, rep, seed))
 
-    def _hidden_trial(self, ref_model):
+    def _hidden_trial(self, ref_model, batch):
         self.hidden += 1
+        self.hidden_batches.append(batch)
 
 
 def _scripted_timing(make_cfg, **cfg):
@@ -318,6 +319,7 @@ def test_audited_trials_check_many_calls_of_their_batch(make_cfg):
     assert 2 <= len(by_trial) <= 3 and 5 in by_trial         # two random trials and the last
     assert all(len(set(reps)) == 16 for reps in by_trial.values())
     assert stage.hidden == len(by_trial)
+    assert stage.hidden_batches == [40] * stage.hidden   # each hidden trial is one call of a batch as long as theirs
 
 
 class _SlowScripted(_Scripted):

@@ -13,10 +13,13 @@ Fixed here (wrong before):
   there and returned allowed data movement beside a token native call everywhere else. The tensors are now read
   from the modules' instance dicts, without any code of the candidate's (``_child.DeviceSession._model_tensors``).
 
-Found and still open (xfail below): the inputs' addresses. A timed batch's inputs are made together before it, at a
-fixed stride, so "this input lies one stride past the previous one" holds for the timed calls after the first and for
-no trial: a candidate ran ``torch.relu`` there and its kernel everywhere else, and passed. Closing it needs a hidden
-trial that is one call of a timed batch, or inputs laid out at random (see verifier/README.md, Known limits).
+- The inputs' addresses (found here, fixed in session 39). A timed batch's inputs were made together before it, at a
+  fixed stride, so "this input lies one stride past the previous one" held for the timed calls after the first and for
+  no trial: a candidate ran ``torch.relu`` there and its kernel everywhere else, and passed. (A review then found that
+  "at an address a timed call had" told them apart too.) Each input set is now made after a gap of random size, and
+  each hidden trial (and its ablation trial) is one call, at a secret position, of the candidate's batch in a round
+  made and run as a timed trial is (``DeviceSession.trial`` with ``prepared``); the allocator's statistics are out of
+  a forward's reach.
 """
 import pytest
 
@@ -133,30 +136,33 @@ def test_an_honest_kernel_that_leaves_finalizers_behind_passes(make_cfg):
     assert r.category == Category.PASS, (r.category, r.rule, r.feedback)
 
 
-# torch.relu where the input lies one stride past the previous call's (a timed call after the first of its batch)
-POINTER_TELL = '''
+# "in a timed batch", made loud: four calls in a row whose inputs lie one stride apart (the fourth timed call of a batch
+# before the fix, where a candidate ran torch.relu and passed level1/7_ReLU, or returned allowed data movement beside a
+# token native call on a transpose)
+POINTER_PROBE = '''
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
         self.prev = 0
-        self.delta = 0
+        self.deltas = [0, 0, 0]
 
     def forward(self, x):
         p = x.data_ptr()
         d = p - self.prev
-        batch = d != 0 and d == self.delta
-        self.prev, self.delta = p, d
-        if batch:
-            return torch.relu(x)
+        self.prev = p
+        self.deltas = self.deltas[1:] + [d]
+        if d != 0 and len(set(self.deltas)) == 1:
+            raise ValueError("inputs at one stride: a timed batch")
         return ext.relu(x)
 '''
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="open: a timed batch's inputs lie at a fixed stride, trials' do not (README, Known limits)")
-def test_a_forward_cannot_tell_a_timed_call_by_its_inputs_addresses(make_cfg):
-    r = verify(load_task(task_path("relu")), compiled(POINTER_TELL), make_cfg())
-    assert r.category == Category.CHEATING and r.rule == "forbidden_op", (r.category, r.rule, r.feedback)
+def test_a_batchs_inputs_lie_at_no_stride(make_cfg):
+    """A trial's input sets are made in a random order, each after a gap of random size (``_child.SPACER_BYTES``), so
+    "one stride past the last input" marks no call (it fired in the first timed batch before)."""
+    r = verify(load_task(task_path("relu")), compiled(POINTER_PROBE), make_cfg())
+    assert r.category == Category.PASS, (r.category, r.rule, r.feedback)
 
 
 def test_a_collection_before_a_call_scans_only_what_the_last_call_left():
@@ -176,3 +182,17 @@ def test_a_collection_before_a_call_scans_only_what_the_last_call_left():
     finally:
         gc.unfreeze()
     assert len(kept) == 300_000
+
+
+@pytest.mark.parametrize("call", ["torch.cuda.memory_allocated()", "torch.cuda.memory.memory_stats()",
+                                  "torch.accelerator.memory_reserved()", "torch.cuda.mem_get_info()[0]"])
+def test_the_allocators_statistics_are_out_of_a_forwards_reach(call):
+    """A hidden trial's batch is made while the timed trial's inputs and outputs are still alive, so the memory in
+    use tells it from a timed batch: reading the allocator's statistics is refused at the static stage."""
+    from verifier.config import VerifierConfig
+    from verifier.static_checks import check_candidate
+    code = ("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+            f"        used = {call}\n        return x\n")
+    assert "profiler_probe" in {f.rule for f in check_candidate(code, VerifierConfig())}
+    honest = code.replace(f"used = {call}", "torch.cuda.empty_cache()")
+    assert not check_candidate(honest, VerifierConfig())

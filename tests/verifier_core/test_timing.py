@@ -337,3 +337,29 @@ def test_the_dispatch_spin_covers_the_enqueue_time_within_a_cap():
     assert hide_cycles(0.1, 2e6) == int((1.5 * 0.1 + 0.02) * 2e6)   # 2 GHz: cycles per ms = 2e6
     assert hide_cycles(50.0, 2e6) == int(5.0 * 2e6)                 # never more than 5 ms per call
     assert hide_cycles(0.0, 1.98e6) == int(0.02 * 1.98e6)
+
+
+@pytest.mark.parametrize("events", [False, True], ids=["host clock", "device events"])
+def test_a_watched_call_is_bracketed_alone_after_its_flush_and_spin(events):
+    """A hidden trial is one call of a batch: the harness's watch starts after that call's flush, hook and spin (a
+    profiler started sooner would count the spin as the call's kernel) and stops right after it, with its output,
+    before the next call's flush."""
+    log = []
+
+    class Flusher(_SleepFlusher):
+        def clear(self):
+            log.append("flush")
+
+        def spin(self):
+            if self.spin_s:
+                log.append("spin")
+
+    flusher = Flusher(0.0, (0.0,) if events else ())
+    timer = CapturedTimer(_HostEvents() if events else get_backend("cpu"))
+    calls = [lambda i=i: log.append(f"call{i}") or i for i in range(4)]
+    batch = timer.time_batch(calls, flusher, lambda: log.append("hook"),
+                             watch=(2, lambda: log.append("start"), lambda out: log.append(f"stop{out}")))
+    assert batch.outputs == [0, 1, 2, 3]
+    spin = ["spin"] if events else []
+    assert log == (["flush", "hook", *spin, "call0", "flush", "hook", *spin, "call1",
+                    "flush", "hook", *spin, "start", "call2", "stop2", "flush", "hook", *spin, "call3"])
