@@ -1320,12 +1320,13 @@ class _DeviceStage:
         every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) and the
         trial is not ``full``, the child keeps the output after the call, commits to it, and hands over the
         entries of a seed drawn only once the commitment is sealed ("collect"). A full handover goes through a
-        device buffer where one can be offered (``_device_offer``), else through a sealed memfd. With ``batch`` > 1
-        (hidden trials, once timing has begun) the judged call is one, at a secret position, of the candidate's batch
-        of that many calls in a round made and run as a timed trial is (every runner's inputs, then their batches),
-        whose times are thrown away: its inputs lie where a timed call's would."""
-        if batch <= 1 or not self._timing_runners:
+        device buffer where one can be offered (``_device_offer``), else through a sealed memfd. Once timing has begun
+        (hidden trials) the judged call is one, at a secret position, of the candidate's batch of ``batch`` calls in a
+        round made and run as a timed trial is (every runner's inputs, then their batches), whose times are thrown
+        away: its inputs lie where a timed call's would."""
+        if not self._timing_runners:   # the correctness phase: a call of its own, as every call before timing
             return self._ask_one_trial(seed, ablate, full)
+        batch = max(int(batch), 1)   # one call per timed batch too: a round, never a call made beside the trial's
         # a round made as a timed trial is (``_timing``): every runner's inputs, fresh seeds but ours at a secret call
         # of the candidate's batch, the runners before it in a shuffled order run, their times thrown away (those after
         # it would change nothing the call sees: the next request is another round's ``prepare``)
@@ -1633,11 +1634,15 @@ class _DeviceStage:
                     t_audit = time.monotonic()
                     for k in picks:
                         self._audit(ref_model, seeds["cand"][k], k, trial=j)
-                    self._hidden_trial(ref_model, n)
                     audit_s += time.monotonic() - t_audit
                     last_checked = j
                 if shared:
                     reps = 1
+            if last_checked == j:
+                # once every runner of this trial has run: a hidden trial's round prepares inputs anew
+                t_audit = time.monotonic()
+                self._hidden_trial(ref_model, n)
+                audit_s += time.monotonic() - t_audit
             # the span floor subtracts the reference's cache clears (same buffer, same trial) and each call's own
             # dispatch-hiding spins, at most the warm-up's whole flush each (timing.floor_flush)
             for c in trial.values():

@@ -196,3 +196,38 @@ def test_the_allocators_statistics_are_out_of_a_forwards_reach(call):
     assert "profiler_probe" in {f.rule for f in check_candidate(code, VerifierConfig())}
     honest = code.replace(f"used = {call}", "torch.cuda.empty_cache()")
     assert not check_candidate(honest, VerifierConfig())
+
+
+# torch where the input lies where the previous call's lay (a timed call of one call per batch: ``prepare`` frees the
+# last trial's inputs first), the kernel in the calls before timing (CALLS_BEFORE_TIMING)
+SAME_ADDRESS_TELL = '''
+_seen = {"n": 0, "prev": 0}
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        _seen["n"] += 1
+        p = x.data_ptr()
+        told = _seen["n"] > CALLS_BEFORE_TIMING and p == _seen["prev"]
+        _seen["prev"] = p
+        if told:
+            return torch.relu(x)
+        return ext.relu(x)
+'''
+
+
+@pytest.mark.slow
+def test_one_call_per_batch_hidden_trials_are_rounds_too(make_cfg):
+    """Review of the fix: with one call per timed batch (slow or large tasks, or once outputs were shared) hidden
+    trials were still calls of their own, made while the timed trial's inputs were alive, so never at the address of
+    the call before; a forward that ran torch where its input lay where the last one had passed. They are rounds now."""
+    # where the tell fires depends on the allocator (a quarter to a half of the timed calls here): with every trial
+    # audited, a round that fires it comes with near certainty (each round fires it as often as a timed trial does)
+    cfg = make_cfg(max_timing_reps=1, num_timing_trials=20, num_timing_audits=20, time_budget_s=60.0)
+    before = cfg.num_correct_trials + 1 + cfg.num_warmup   # correctness trials, the ablation trial, the warm-up
+    code = SAME_ADDRESS_TELL.replace("CALLS_BEFORE_TIMING", str(before))
+    r = verify(load_task(task_path("relu")), compiled(code), cfg)
+    assert r.category == Category.CHEATING and r.rule == "forbidden_op", (r.category, r.rule, r.feedback)
