@@ -29,6 +29,7 @@ import gc
 import json
 import mmap
 import os
+import secrets
 import statistics
 import sys
 import traceback
@@ -79,11 +80,6 @@ REFERENCE_CHECK_OPS = frozenset({"aten::equal", "aten::bitwise_xor", "aten::inde
 # one stride, so "this input lies one stride past the last one" told a timed call from a checked one (a hidden trial's
 # round is prepared alike, so whatever the layout still tells, it tells of the hidden trial's call too).
 SPACER_BYTES = 64 << 20
-
-
-def _random_below(n: int) -> int:
-    return int.from_bytes(os.urandom(8), "little") % max(int(n), 1)
-
 
 # Every call of a model (correctness, ablation and hidden trials, warm-up, timed batches) starts at this Python stack
 # depth. A forward can measure its depth without any forbidden name (recursing until RecursionError, swallowed by a
@@ -1300,7 +1296,7 @@ class DeviceSession:
         """One correctness trial: the candidate's model called once, profiled and watched. With ``prepared`` (a
         hidden trial among the timed calls) that call is the one at index ``at`` of the candidate's batch of a round
         the parent runs as a timed trial: ``prepare`` made every runner's inputs as for a timed trial (freeing the last
-        one's), the other runners' batches run through ``call`` in a shuffled order around this one, which runs as
+        one's), the runners drawn before the candidate's ran their batches through ``call``, and this one runs as
         ``call`` runs its batch (reference watch, flushes, a settled collector before each call, one depth), its
         outputs kept alive as a timed batch's. Its inputs lie where a timed batch's would, and so a forward that
         computes with PyTorch only where it guesses it is timed is profiled there too. Only the call at ``at`` is
@@ -1565,14 +1561,12 @@ class DeviceSession:
         t = self.timer.now()
         # made in a random order, each after a gap of random size (``SPACER_BYTES``)
         slots = [(r, k) for r in msg["runners"] for k in range(len(msg["seeds"][r]))]
-        for i in range(len(slots) - 1, 0, -1):
-            j = _random_below(i + 1)
-            slots[i], slots[j] = slots[j], slots[i]
+        secrets.SystemRandom().shuffle(slots)
         made: dict[tuple[str, int], Any] = {}
         spacers, room = [], 0
         for runner, k in slots:
             if room:
-                spacers.append(self.torch.empty(_random_below(room), dtype=self.torch.uint8, device=self.device))
+                spacers.append(self.torch.empty(secrets.randbelow(room), dtype=self.torch.uint8, device=self.device))
             made[runner, k] = inputs.make_inputs(self.task, int(msg["seeds"][runner][k]), self.device, self.precision)
             room = room or max(4096, min(self._nbytes(made[runner, k]), SPACER_BYTES // max(len(slots), 1)))
         del spacers

@@ -234,6 +234,9 @@ _DEVICE_FAULT = re.compile(r"\b(CUDA|MUSA|cuDNN|CUBLAS|cublas|cusolver|NCCL|HIP)
                            r"illegal memory access|launch failure", re.IGNORECASE)
 
 _INTEGRITY_FIELDS = {"violations": list, "background_cpu_ms": (int, float), "threads_started": int}
+# a timed batch's reply ("called"), timed or a hidden trial's round's
+_CALLED_FIELDS = {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float), "plain_tensors": bool,
+                  "outputs_shared": bool, **_INTEGRITY_FIELDS}
 # entries of each reference output kept per correctness trial to tell whether the reference depends on its inputs
 # (``reference_ignores_inputs``): every entry up to this many, else this many at positions drawn at random (the same
 # positions for every output of one shape: ``_probe_positions``)
@@ -1322,8 +1325,8 @@ class _DeviceStage:
         entries of a seed drawn only once the commitment is sealed ("collect"). A full handover goes through a
         device buffer where one can be offered (``_device_offer``), else through a sealed memfd. Once timing has begun
         (hidden trials) the judged call is one, at a secret position, of the candidate's batch of ``batch`` calls in a
-        round made and run as a timed trial is (every runner's inputs, then their batches), whose times are thrown
-        away: its inputs lie where a timed call's would."""
+        round made and run as a timed trial is (every runner's inputs, then the batches of the runners drawn before the
+        candidate's), whose times are thrown away: its inputs lie where a timed call's would."""
         if not self._timing_runners:   # the correctness phase: a call of its own, as every call before timing
             return self._ask_one_trial(seed, ablate, full)
         batch = max(int(batch), 1)   # one call per timed batch too: a round, never a call made beside the trial's
@@ -1342,8 +1345,7 @@ class _DeviceStage:
 
     def _untimed_call(self, runner: str) -> None:
         """Another runner's batch of a hidden trial's round (``_ask_trial``): run as in a timed trial, not timed."""
-        reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
-                         {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float), **_INTEGRITY_FIELDS})
+        reply = _checked(self._ask({"op": "call", "runner": runner}, "called"), _CALLED_FIELDS)
         self._raise_runtime_violations(reply, q=1.0)
 
     def _ask_one_trial(self, seed: int, ablate: bool, full: bool, in_batch: dict[str, Any] | None = None
@@ -1598,9 +1600,7 @@ class _DeviceStage:
                             # trial of a sampled check makes one, and it holds the device as the calls do)
             for runner in order:
                 t0 = time.monotonic()
-                reply = _checked(self._ask({"op": "call", "runner": runner}, "called"),
-                                 {"span_ms": (int, float), "rep_ms": list, "flush_ms": (int, float),
-                                  "plain_tensors": bool, "outputs_shared": bool, **_INTEGRITY_FIELDS})
+                reply = _checked(self._ask({"op": "call", "runner": runner}, "called"), _CALLED_FIELDS)
                 wall_ms = (time.monotonic() - t0) * 1e3
                 self._raise_runtime_violations(reply, q=1.0)
                 if runner == "cand" and self.sampled:

@@ -158,8 +158,8 @@ for _dev in ("cuda", "musa", "xpu", "mps"):
         (f"torch.{_dev}.Event", "timer_tampering"), (f"torch.{_dev}.streams.Event", "timer_tampering"),
         (f"torch.{_dev}.Event.elapsed_time", "timer_tampering"),
     ]
-    # how much memory is in use tells a hidden trial's batch (made while the timed trial's inputs and outputs are
-    # alive) from a timed batch; a kernel's forward never needs the allocator's statistics
+    # what the allocator holds could tell a hidden trial's round (which follows an audited trial's audits) from a
+    # timed trial; a kernel's forward never needs the allocator's statistics
     _QUALIFIED_RULES += [(f"torch.{_dev}.{name}", "profiler_probe") for name in _ALLOCATOR_STATS]
     _QUALIFIED_RULES += [(f"torch.{_dev}.memory.{name}", "profiler_probe") for name in _ALLOCATOR_STATS]
 _QUALIFIED_RULES += [("torch.Event", "timer_tampering")]
