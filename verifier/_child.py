@@ -153,6 +153,61 @@ def _watch_calls(own: set, hits: list):
     return stop
 
 
+class _JudgedCall:
+    """One judged call of a trial (``trial``): profiled, its calls into the candidate's extensions counted
+    (``_watch_calls``), the ablator on around it in an ablation trial. ``start`` right before it, ``stop`` right after
+    (once: again is a no-op, also on an error), ``stop_in_batch`` where later calls of a batch follow it."""
+
+    def __init__(self, session, seed: int, args, ablate: bool, ms: dict) -> None:
+        self.session, self.seed, self.args, self.ablate, self.ms = session, seed, args, ablate, ms
+        self.seen: dict = {}
+        self.hits = [0]
+        self.prints = None   # the inputs' fingerprints before a call of its own (outside a batch)
+        self.out = None
+
+    def start(self) -> None:
+        s, seen = self.session, self.seen
+        seen["calls"], seen["opaque"] = s.client.native_calls, s.client.opaque_calls
+        if self.ablate and s._ablation is not None:
+            s.client.ablator = s._ablated_call
+        profiler = s.backend.profiler()
+        seen["prof"] = profiler.__enter__()
+        seen["profiler"] = profiler   # only once it runs: stop() must not stop one that never started
+        seen["stop_watch"] = _watch_calls(s.client.module_names, self.hits)
+
+    def stop(self) -> None:
+        s, seen = self.session, self.seen
+        stop_watch, profiler = seen.pop("stop_watch", None), seen.pop("profiler", None)
+        try:
+            if stop_watch is not None:
+                stop_watch()
+        finally:
+            s.client.ablator = None
+            seen.setdefault("calls_after", s.client.native_calls)
+            seen.setdefault("opaque_after", s.client.opaque_calls)
+            if profiler is not None:
+                try:
+                    s.timer.synchronize()
+                finally:
+                    profiler.__exit__(None, None, None)
+
+    def stop_in_batch(self, out) -> None:
+        """Judged now: the batch's later calls must not change what this one returned (a persistent output buffer)
+        nor see the model's tensors as the ablation left them."""
+        from verifier import inputs
+        from verifier.correctness import flatten_outputs
+        s, seen = self.session, self.seen
+        self.stop()
+        leaves, _ = flatten_outputs(out)
+        seen["aliases_input"] = s._aliases(leaves, self.args)
+        self.out = s._copied(out)
+        seen["inputs_modified"] = s._timed(self.ms, "trial_fingerprints", lambda: not s._unchanged(
+            self.args, s._fingerprints(inputs.make_inputs(s.task, self.seed, s.device, s.precision))))
+        if self.ablate and s._ablation is not None:
+            s._restore(s._ablation["restore"])
+            s._ablation["restore"] = []
+
+
 class ExtensionBuildFailed(RuntimeError):
     """A load_inline build failed (the parent ran the compiler); the message is the compiler log tail."""
 
@@ -865,6 +920,7 @@ class DeviceSession:
         self._protected: set[int] = set()                  # storages an ablation must never overwrite
         self.precision = job["precision"]
         self.held = None                         # (outputs, ablation restores) of a trial run with "hold"
+        self._stash = None                       # (seed, output, report, restores) of a round's second judged call
         self.handed: list[int] = []              # sealed output memfds sent to the parent (closed at the next request)
         self.ref_model = self.new_model = self.compiled_ref = None
         self._ref_watch: ReferenceWatch | None = None   # the timed reference's tensors, veiled (built with it)
@@ -1293,115 +1349,103 @@ class DeviceSession:
         return {"op": "constructed", "loaded_params": len(state["loaded"]), "unmatched": state["unmatched"][:20]}
 
     def trial(self, msg):
-        """One correctness trial: the candidate's model called once, profiled and watched. With ``prepared`` (a
-        hidden trial among the timed calls) that call is the one at index ``at`` of the candidate's batch of a round
-        the parent runs as a timed trial: ``prepare`` made every runner's inputs as for a timed trial (freeing the last
+        """One correctness trial: the candidate's model called once, profiled and watched. With ``prepared`` (hidden
+        trials among the timed calls) that call is the one at index ``at`` of the candidate's batch of a round the
+        parent runs as a timed trial: ``prepare`` made every runner's inputs as for a timed trial (freeing the last
         one's), the runners drawn before the candidate's ran their batches through ``call``, and this one runs as
         ``call`` runs its batch (reference watch, flushes, a settled collector before each call, one depth), its
         outputs kept alive as a timed batch's. Its inputs lie where a timed batch's would, and so a forward that
-        computes with PyTorch only where it guesses it is timed is profiled there too. Only the call at ``at`` is
-        judged; its output is copied before the batch's later calls run."""
-        from verifier import fallback, inputs
-        from verifier.correctness import flatten_outputs
-        torch = self.torch
+        computes with PyTorch only where it guesses it is timed is profiled there too. ``also`` names a second judged
+        call of the same batch (the round's ablation trial, at another secret index): its reply is kept for the
+        ``stashed`` trial request that follows. Each judged call's output is copied before the batch's later calls
+        run, and the batch ends with the last judged call (what would follow cannot change what they saw)."""
+        from verifier import inputs
         self.integrity()
+        if msg.get("stashed"):
+            return self._stashed_trial(msg)
+        self._stash = None
         now, ms = self.timer.now, {}
         t = now()
         in_batch = bool(msg.get("prepared")) and self.flusher is not None
         sets = self.args.get("cand", []) if in_batch else \
             [inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision)]
-        at = int(msg.get("at", 0)) if in_batch else 0
-        if not 0 <= at < len(sets):
-            return {"op": "error", "phase": "harness", "error": {"type": "ValueError",
-                                                                 "message": f"trial call {at} outside the batch"}}
-        args = sets[at]
+        judged = [(int(msg.get("at", 0)) if in_batch else 0, int(msg["seed"]), bool(msg.get("ablate")))]
+        also = msg.get("also") if in_batch else None
+        if also is not None:
+            judged.append((int(also["at"]), int(also["seed"]), bool(also.get("ablate"))))
+        at_list = [at for at, _, _ in judged]
+        if len(set(at_list)) != len(at_list) or not all(0 <= at < len(sets) for at in at_list) \
+                or sum(ablate for _, _, ablate in judged) > 1:
+            return {"op": "error", "phase": "harness", "error": {
+                "type": "ValueError", "message": f"trial calls {at_list} (one ablated at most) in a batch of {len(sets)}"}}
         self.timer.synchronize()
         ms["trial_inputs"], t = (now() - t) * 1e3, now()
-        # in a round, taken after the batch from the same seed's inputs made again: a copy made before it would be one
-        # more input-sized block alive through the batch, where a timed batch has none
-        prints = None if in_batch else self._fingerprints(args)
+        calls = {at: _JudgedCall(self, seed, sets[at], ablate, ms) for at, seed, ablate in judged}
+        for w in calls.values():
+            # in a round, taken after the batch from the same seed's inputs made again: a copy made before it would be
+            # one more input-sized block alive through the batch, where a timed batch has none
+            w.prints = None if in_batch else self._fingerprints(w.args)
+            if w.ablate:
+                gen = self.torch.Generator(device=self.device)
+                gen.manual_seed(w.seed)
+                self._ablation = {"calls": 0, "poisoned": 0, "passthrough": 0, "probes": 0, "generator": gen,
+                                  "done": set(), "restore": [], "model": self._model_tensors()}
+                self._protected = {self._tb.untyped_storage(a).data_ptr() for a in w.args
+                                   if issubclass(type(a), self._tb)}
         ms["trial_fingerprints"], t = (now() - t) * 1e3, now()
-        if msg.get("ablate"):
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(msg["seed"]))
-            self._ablation = {"calls": 0, "poisoned": 0, "passthrough": 0, "probes": 0, "generator": gen,
-                              "done": set(), "restore": [], "model": self._model_tensors()}
-            self._protected = {self._tb.untyped_storage(a).data_ptr() for a in args if issubclass(type(a), self._tb)}
-        own, hits, seen = self.client.module_names, [0], {}
-
-        def start() -> None:   # right before the judged call
-            seen["calls"], seen["opaque"] = self.client.native_calls, self.client.opaque_calls
-            if self._ablation is not None:
-                self.client.ablator = self._ablated_call
-            profiler = self.backend.profiler()
-            seen["prof"] = profiler.__enter__()
-            seen["profiler"] = profiler   # only once it runs: stop() must not stop one that never started
-            seen["stop_watch"] = _watch_calls(own, hits)
-
-        def stop() -> None:    # right after it (once; on an error too)
-            stop_watch, profiler = seen.pop("stop_watch", None), seen.pop("profiler", None)
-            try:
-                if stop_watch is not None:
-                    stop_watch()
-            finally:
-                self.client.ablator = None
-                seen.setdefault("calls_after", self.client.native_calls)
-                seen.setdefault("opaque_after", self.client.opaque_calls)
-                if profiler is not None:
-                    try:
-                        self.timer.synchronize()
-                    finally:
-                        profiler.__exit__(None, None, None)
-
-        def stop_in_batch(out) -> None:
-            stop()
-            # judged now: the batch's later calls must not change what this one returned (a persistent output
-            # buffer) nor see the model's tensors as the ablation left them
-            leaves, _ = flatten_outputs(out)
-            seen["aliases_input"] = self._aliases(leaves, args)
-            seen["out"] = self._copied(out)
-            seen["inputs_modified"] = self._timed(ms, "trial_fingerprints", lambda: not self._unchanged(
-                args, self._fingerprints(inputs.make_inputs(self.task, int(msg["seed"]), self.device, self.precision))))
-            if self._ablation is not None:
-                self._restore(self._ablation["restore"])
-                self._ablation["restore"] = []
-
         if in_batch:
             self._check_reference()   # as ``call`` does around a timed batch
         settle_garbage()   # as in a timed batch: all garbage collected before the call, none during it
         _gc_disable()
         try:
             if in_batch:
-                calls = [(lambda a=a: self.new_model(*a)) for a in sets]
+                batch_calls = [(lambda a=a: self.new_model(*a)) for a in sets[:max(calls) + 1]]
 
                 def before_each():   # as in a timed batch (``call``)
                     settle_garbage()
                     inputs.reseed_unpredictably()
-                batch = at_call_depth(lambda: self.timer.time_batch(calls, self.flusher, before_each,
-                                                                    watch=(at, start, stop_in_batch)))
-                out = seen["out"]
+                batch = at_call_depth(lambda: self.timer.time_batch(
+                    batch_calls, self.flusher, before_each,
+                    watch={at: (w.start, w.stop_in_batch) for at, w in calls.items()}))
                 self.outputs["cand"] = batch.outputs   # alive until the next ``prepare``, as a timed batch's are
-                del batch, calls
+                del batch, batch_calls
             else:
+                (w,) = calls.values()
                 inputs.reseed_unpredictably()
-                start()
-                out = at_call_depth(lambda: call_once(lambda: self.new_model(*args)))
+                w.start()
+                w.out = at_call_depth(lambda: call_once(lambda: self.new_model(*w.args)))
         finally:
             try:
-                stop()
+                for w in calls.values():
+                    w.stop()   # once each: a call already stopped is left as it is
             finally:
                 _gc_enable()
         if in_batch:
             self._check_reference()
         del sets
         ms["trial_forward"], t = (now() - t) * 1e3, now()
+        replies = [(calls[at], self._judged_reply(calls[at], ms)) for at, _, _ in judged]
+        ms["trial_profile"] = (now() - t) * 1e3
+        if len(replies) > 1:
+            w, (reply, restore) = replies[1]
+            self._stash = (w.seed, w.out, reply, restore)
+        w, (reply, restore) = replies[0]
+        reply["harness_ms"] = ms
+        return self._hand_over_trial(msg, w.out, reply, restore, ms)
+
+    def _judged_reply(self, w: "_JudgedCall", ms: dict) -> tuple[dict, list]:
+        """The report of a judged call (``trial``), and the ablation's restores still to run after its handover."""
+        from verifier import fallback
+        from verifier.correctness import flatten_outputs
+        torch, seen = self.torch, w.seen
         events = seen["prof"].function_events
         ops, custom = fallback.outermost_ops(events, _op_namespaces(torch) - self.own_namespaces)
-        leaves, _ = flatten_outputs(out)
+        leaves, _ = flatten_outputs(w.out)
         tensors = [x for x in leaves if issubclass(type(x), self._tb)]
         if "aliases_input" not in seen:
-            seen["aliases_input"] = self._aliases(leaves, args)
-            seen["inputs_modified"] = self._timed(ms, "trial_fingerprints", lambda: not self._unchanged(args, prints))
+            seen["aliases_input"] = self._aliases(leaves, w.args)
+            seen["inputs_modified"] = self._timed(ms, "trial_fingerprints",
+                                                  lambda: not self._unchanged(w.args, w.prints))
         calls_made = seen["calls_after"] - seen["calls"]
         reply = {"op": "trial_done",
                  "subclass_outputs": [type(x).__name__ for x in tensors if type(x) is not torch.Tensor],
@@ -1409,24 +1453,25 @@ class DeviceSession:
                  "aliases_input": seen["aliases_input"],
                  "inputs_modified": seen["inputs_modified"],
                  "aten_ops": dict(ops),
-                 "native_calls": calls_made + hits[0] + sum(custom.values()),
+                 "native_calls": calls_made + w.hits[0] + sum(custom.values()),
                  "device_kernels": dict(fallback.device_kernel_names(events, self.backend.device_event_types())),
                  "timer_patched": self.timer.patched(self.backend)}
-        if self._ablation is not None:
+        restore: list = []
+        if w.ablate and self._ablation is not None:
             # native work outside the wrapped entry points: pybind methods of the candidate's classes, its
             # TORCH_LIBRARY ops, CUDA graph replays, Triton when its launcher could not be wrapped
             wrapped = calls_made   # each also shows up once among the hits
-            opaque = max(0, hits[0] - wrapped - self._ablation["probes"]) + sum(custom.values()) + \
+            opaque = max(0, w.hits[0] - wrapped - self._ablation["probes"]) + sum(custom.values()) + \
                 seen["opaque_after"] - seen["opaque"]
             if "triton" in sys.modules and self.backend.is_gpu and not self.triton_wrapped:
                 opaque += 1
             reply["ablation"] = {"calls": self._ablation["calls"], "poisoned": self._ablation["poisoned"],
                                  "passthrough": self._ablation["passthrough"], "opaque": opaque}
             restore, self._ablation, self._protected = self._ablation["restore"], None, set()
-        else:
-            restore = []
-        ms["trial_profile"] = (now() - t) * 1e3
-        reply["harness_ms"] = ms
+        return reply, restore
+
+    def _hand_over_trial(self, msg, out, reply: dict, restore: list, ms: dict) -> dict:
+        """A judged call's output to the parent: held for ``collect`` (with ``hold``) or saved whole now."""
         if msg.get("hold"):   # the parent asks for a sample of the output next ("collect"), picked only now
             self.held = (out, restore)
             if msg.get("commit_k"):
@@ -1437,6 +1482,16 @@ class DeviceSession:
             self._restore(restore)
         reply.update(self._common())
         return reply
+
+    def _stashed_trial(self, msg):
+        """The second judged call of the last round (``trial`` with ``also``), handed over as ``msg`` asks."""
+        if self._stash is None or self._stash[0] != int(msg["seed"]):
+            return {"op": "error", "phase": "harness", "error": {"type": "RuntimeError",
+                                                                 "message": "no judged call kept for that seed"}}
+        (_, out, reply, restore), self._stash = self._stash, None
+        ms: dict = {}
+        reply["harness_ms"] = ms
+        return self._hand_over_trial(msg, out, reply, restore, ms)
 
     def _copied(self, value, depth: int = 0):
         """``value`` with each plain tensor in it cloned, containers walked with the base types' own methods (as
@@ -1558,6 +1613,7 @@ class DeviceSession:
         self.args = {r: [] for r in msg["runners"]}
         self.outputs = {}
         self.last_cand = []
+        self._stash = None
         t = self.timer.now()
         # made in a random order, each after a gap of random size (``SPACER_BYTES``)
         slots = [(r, k) for r in msg["runners"] for k in range(len(msg["seeds"][r]))]

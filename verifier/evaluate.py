@@ -1282,17 +1282,22 @@ class _DeviceStage:
                 "timing was not honest (hidden work, a cache kept across the flush, or a forged report)"),
                 rule="below_speed_of_light", q=1.0)
 
-    def _decoy_check(self, ref_model, q: float, batch: int = 1) -> None:
+    def _decoy_check(self, ref_model, q: float, batch: int = 1, stashed_seed: int | None = None) -> None:
         """An ablation trial: the child overwrites with random bytes everything the candidate's native calls
         (extension functions, Triton launches) returned or wrote, right after each call. An output that is
         still right came from elsewhere: the kernels were decoys (a no-op call beside allowed data movement on
         a transpose-like task, or a kernel whose result is thrown away). Inconclusive, and skipped, when no
         native call ran through the ablation, when native work ran where it cannot see (pybind class methods,
         the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input.
-        ``batch``: see ``_ask_trial``."""
+        ``batch``: see ``_ask_trial``; ``stashed_seed``: the ablation call already ran in the last round, as the second
+        judged call of its batch (``_ask_trial``'s ``ablation_seed``), and only its report is asked for."""
         import torch
-        seed = secrets.randbits(63)
-        report, sample, commitment = self._ask_trial(seed, ablate=True, batch=batch)
+        if stashed_seed is None:
+            seed = secrets.randbits(63)
+            report, sample, commitment = self._ask_trial(seed, ablate=True, batch=batch)
+        else:
+            seed = stashed_seed
+            report, sample, commitment = self._ask_one_trial(seed, True, False, {"stashed": True})
         self._raise_runtime_violations(report, q=q)
         ref_leaves, ref_spec, _, ref_aliases = self._reference(ref_model, seed)
         ab = report.get("ablation") or {}
@@ -1317,7 +1322,8 @@ class _DeviceStage:
                                                            if passthrough else "") + "the output unchanged)"),
                 rule="decoy_kernel", q=q)
 
-    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False, batch: int = 1
+    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False, batch: int = 1,
+                   ablation_seed: int | None = None
                    ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:
         """Run one trial in the child: its report (with the handover's fields), the sample it handed over (None:
         every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) and the
@@ -1326,22 +1332,30 @@ class _DeviceStage:
         device buffer where one can be offered (``_device_offer``), else through a sealed memfd. Once timing has begun
         (hidden trials) the judged call is one, at a secret position, of the candidate's batch of ``batch`` calls in a
         round made and run as a timed trial is (every runner's inputs, then the batches of the runners drawn before the
-        candidate's), whose times are thrown away: its inputs lie where a timed call's would."""
+        candidate's), whose times are thrown away: its inputs lie where a timed call's would. ``ablation_seed``: the
+        round's batch holds a second judged call, an ablation trial at another secret position, whose report the
+        child keeps for ``_decoy_check(..., stashed_seed=...)`` (one round where two would cost twice)."""
         if not self._timing_runners:   # the correctness phase: a call of its own, as every call before timing
             return self._ask_one_trial(seed, ablate, full)
         batch = max(int(batch), 1)   # one call per timed batch too: a round, never a call made beside the trial's
-        # a round made as a timed trial is (``_timing``): every runner's inputs, fresh seeds but ours at a secret call
+        if ablation_seed is not None and batch < 2:
+            raise ValueError("a round's second judged call needs a batch of two calls or more")
+        # a round made as a timed trial is (``_timing``): every runner's inputs, fresh seeds but ours at secret calls
         # of the candidate's batch, the runners before it in a shuffled order run, their times thrown away (those after
-        # it would change nothing the call sees: the next request is another round's ``prepare``)
+        # it would change nothing the calls see: the next request is another round's or trial's ``prepare``)
         runners = list(self._timing_runners)
-        at = secrets.randbelow(batch)
+        at, *also_at = secrets.SystemRandom().sample(range(batch), 1 if ablation_seed is None else 2)
         seeds = {r: [secrets.randbits(63) for _ in range(batch)] for r in runners}
         seeds["cand"][at] = seed
+        in_batch: dict[str, Any] = {"prepared": True, "at": at}
+        if also_at:
+            seeds["cand"][also_at[0]] = ablation_seed
+            in_batch["also"] = {"at": also_at[0], "seed": ablation_seed, "ablate": True}
         self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
         order = sorted(runners, key=lambda _: secrets.randbits(32))
         for runner in order[:order.index("cand")]:
             self._untimed_call(runner)
-        return self._ask_one_trial(seed, ablate, full, {"prepared": True, "at": at})
+        return self._ask_one_trial(seed, ablate, full, in_batch)
 
     def _untimed_call(self, runner: str) -> None:
         """Another runner's batch of a hidden trial's round (``_ask_trial``): run as in a timed trial, not timed."""
@@ -1388,13 +1402,13 @@ class _DeviceStage:
         return report
 
     def _trial(self, ref_model, seed: int, full: bool = False, probe: bool = False,
-               batch: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+               batch: int = 1, ablation_seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
         the first mismatch, in-place/aliasing flags against the reference, runtime rule violations; with
         ``probe``, ``_probe``'s sample of the reference's outputs). The reference runs first: its outputs size the
-        device buffer a full handover is offered. ``batch``: see ``_ask_trial``."""
+        device buffer a full handover is offered. ``batch``, ``ablation_seed``: see ``_ask_trial``."""
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
-        report, sample, commitment = self._ask_trial(seed, full=full, batch=batch)
+        report, sample, commitment = self._ask_trial(seed, full=full, batch=batch, ablation_seed=ablation_seed)
         if report.get("subclass_outputs"):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
@@ -1522,8 +1536,11 @@ class _DeviceStage:
         """A correctness trial among the timed calls: one call of a batch of ``batch`` calls made and run as a timed
         batch is, at a secret position (``_ask_trial``). The candidate cannot tell it from a timed call, so one
         that computes with PyTorch (or wrongly, or off its extension) once its correctness trials are over, or only
-        where its inputs lie as a timed batch's do, is judged like in a correctness trial, with the profiler on."""
-        report, judged = self._trial(ref_model, secrets.randbits(63), batch=batch)
+        where its inputs lie as a timed batch's do, is judged like in a correctness trial, with the profiler on. The
+        ablation trial that follows (``_decoy_check``) is a second judged call of the same batch where it has two calls
+        or more, else a round of its own."""
+        ablation_seed = secrets.randbits(63) if batch >= 2 else None
+        report, judged = self._trial(ref_model, secrets.randbits(63), batch=batch, ablation_seed=ablation_seed)
         bad_ops = forbidden_ops(report.get("aten_ops") or {})
         if bad_ops:
             raise _Verdict(Category.CHEATING, feedback.cheating(
@@ -1544,8 +1561,10 @@ class _DeviceStage:
                 + "); the kernel must compute the result on every call"), rule="timing_output_mismatch", q=1.0)
         # an ablation trial among the timed calls too: a decoy that counts its calls ran its kernel for real in the
         # correctness phase (its ablation trial is always the call after the last correctness trial) and only then
-        # handed back allowed data movement beside a token native call
-        self._decoy_check(ref_model, 1.0, batch=batch)
+        # handed back allowed data movement beside a token native call. In the same round as the hidden trial where
+        # the batch allows: a round of its own, always right after the hidden trial's, was a round the candidate
+        # could expect to be ablated
+        self._decoy_check(ref_model, 1.0, batch=batch, stashed_seed=ablation_seed)
 
     def _timing(self, ref_model, retry: bool = True) -> tuple[float, float, float | None]:
         import random

@@ -84,13 +84,13 @@ class CapturedTimer:
 
     def time_batch(self, calls: list[Callable[[], Any]], flusher: "CacheFlusher",
                    before_each: Callable[[], None] = lambda: None,
-                   watch: tuple[int, Callable[[], None], Callable[[Any], None]] | None = None) -> BatchTiming:
+                   watch: dict[int, tuple[Callable[[], None], Callable[[Any], None]]] | None = None) -> BatchTiming:
         """Run ``calls`` back to back, each after ``flusher``'s flush (and spin); see the module docstring.
-        ``before_each`` runs in each call's flush interval, outside the call's own time. ``watch`` (index, start,
-        stop): ``start()`` right before that call and ``stop(output)`` right after it, from this frame, so that the
-        call runs at the depth of every other (a hidden trial among a batch's calls; its times mean nothing)."""
+        ``before_each`` runs in each call's flush interval, outside the call's own time. ``watch`` {index: (start,
+        stop)}: ``start()`` right before that call and ``stop(output)`` right after it, from this frame, so that the
+        call runs at the depth of every other (hidden trials among a batch's calls; their times mean nothing)."""
         outputs: list[Any] = []
-        at, start, stop = watch if watch is not None else (-1, None, None)
+        watch = watch or {}
         if self._event_cls is None:
             rep_ms, flush_ms = [], 0.0
             a = self._perf()
@@ -98,13 +98,13 @@ class CapturedTimer:
                 f0 = self._perf()
                 flusher.flush()
                 before_each()
-                if i == at:
-                    start()
+                if i in watch:
+                    watch[i][0]()
                 s0 = self._perf()
                 outputs.append(fn())
                 e0 = self._perf()
-                if i == at:
-                    stop(outputs[-1])
+                if i in watch:
+                    watch[i][1](outputs[-1])
                 rep_ms.append((e0 - s0) * 1e3)
                 flush_ms += (s0 - f0) * 1e3
             return BatchTiming(outputs, rep_ms, flush_ms, (self._perf() - a) * 1e3)
@@ -123,13 +123,13 @@ class CapturedTimer:
             if spin:
                 self._record(z_ev[i])   # the spin gets its own interval: its length varies from call to call
                 flusher.spin()
-            if i == at:
-                start()   # after the spin: a profiler started here sees the call's kernels, not the harness's
+            if i in watch:
+                watch[i][0]()   # after the spin: a profiler started here sees the call's kernels, not the harness's
             self._record(s_ev[i])
             outputs.append(fn())
             self._record(e_ev[i])
-            if i == at:
-                stop(outputs[-1])
+            if i in watch:
+                watch[i][1](outputs[-1])
         self._sync()          # device-wide: work on any stream ends inside the span
         self._record(b)
         self._sync()

@@ -27,7 +27,7 @@ from verifier.evaluate import verify
 from verifier.tasks import load_task
 from verifier.types import Category
 
-from .candidates import compiled, task_path
+from .candidates import RELU, compiled, task_path
 
 FINALIZER = '''
 class Probe:
@@ -231,3 +231,50 @@ def test_one_call_per_batch_hidden_trials_are_rounds_too(make_cfg):
     code = SAME_ADDRESS_TELL.replace("CALLS_BEFORE_TIMING", str(before))
     r = verify(load_task(task_path("relu")), compiled(code), cfg)
     assert r.category == Category.CHEATING and r.rule == "forbidden_op", (r.category, r.rule, r.feedback)
+
+
+def _record_requests(monkeypatch) -> list:
+    """The parent's requests to the child during a real check, in order."""
+    from verifier.evaluate import _DeviceStage
+    sent, ask = [], _DeviceStage._ask
+
+    def recording(self, msg, expect):
+        sent.append(dict(msg))
+        return ask(self, msg, expect)
+    monkeypatch.setattr(_DeviceStage, "_ask", recording)
+    return sent
+
+
+@pytest.mark.slow
+def test_a_hidden_trial_and_its_ablation_trial_share_one_round(make_cfg, monkeypatch):
+    """A round of its own for the ablation trial, always the round after the hidden trial's, cost a second round per
+    audited trial and was a round a candidate that recognised rounds could expect to be ablated. Where the batch has
+    two calls or more, both are judged calls of one round's batch, at distinct secret positions; the ablation call's
+    report is asked for afterwards (``stashed``) without another round. The verdicts stay: honest passes, a decoy
+    that counts its calls is still caught among the timed calls (probe 34b)."""
+    sent = _record_requests(monkeypatch)
+    r = verify(load_task(task_path("relu")), compiled(RELU), make_cfg(num_timing_audits=2))
+    assert r.category == Category.PASS, (r.category, r.rule, r.feedback)
+    assert r.details["ablation"]["conclusive"] is True
+    timed_from = next(i for i, m in enumerate(sent) if m["op"] == "warmup")
+    rounds = [i for i, m in enumerate(sent) if m["op"] == "trial" and m.get("prepared")]
+    assert 2 <= len(rounds) <= 3   # the audited trials (two random ones and the last, which may coincide)
+    for i in rounds:
+        m = sent[i]
+        prep = max(j for j in range(timed_from, i) if sent[j]["op"] == "prepare")
+        cand = sent[prep]["seeds"]["cand"]
+        also = m["also"]
+        assert len(cand) >= 2 and also["ablate"] is True and "ablate" not in m
+        assert also["at"] != m["at"] and cand[m["at"]] == m["seed"] and cand[also["at"]] == also["seed"]
+        assert all(sent[j]["op"] in ("call", "collect") for j in range(prep + 1, i))   # runners drawn before it
+        stashed = next(sent[j] for j in range(i + 1, len(sent)) if sent[j]["op"] == "trial")
+        assert stashed.get("stashed") is True and stashed["seed"] == also["seed"] and "prepared" not in stashed
+        between = [sent[j]["op"] for j in range(i + 1, sent.index(stashed, i + 1))]
+        assert "prepare" not in between and "call" not in between   # no round of its own
+    # with one call per batch there is no second position: two rounds, as before
+    sent.clear()
+    r = verify(load_task(task_path("relu")), compiled(RELU), make_cfg(num_timing_audits=2, max_timing_reps=1))
+    assert r.category == Category.PASS, (r.category, r.rule, r.feedback)
+    rounds = [m for m in sent if m["op"] == "trial" and m.get("prepared")]
+    assert rounds and all("also" not in m for m in rounds)
+    assert sum(bool(m.get("ablate")) for m in rounds) == len(rounds) // 2 and not any(m.get("stashed") for m in sent)

@@ -358,7 +358,7 @@ def test_a_watched_call_is_bracketed_alone_after_its_flush_and_spin(events):
     timer = CapturedTimer(_HostEvents() if events else get_backend("cpu"))
     calls = [lambda i=i: log.append(f"call{i}") or i for i in range(4)]
     batch = timer.time_batch(calls, flusher, lambda: log.append("hook"),
-                             watch=(2, lambda: log.append("start"), lambda out: log.append(f"stop{out}")))
+                             watch={2: (lambda: log.append("start"), lambda out: log.append(f"stop{out}"))})
     assert batch.outputs == [0, 1, 2, 3]
     spin = ["spin"] if events else []
     assert log == (["flush", "hook", *spin, "call0", "flush", "hook", *spin, "call1",
