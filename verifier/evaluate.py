@@ -1290,7 +1290,7 @@ class _DeviceStage:
         native call ran through the ablation, when native work ran where it cannot see (pybind class methods,
         the candidate's own dispatcher ops, CUDA graph replays), or when the reference returns an input.
         ``batch``: see ``_ask_trial``; ``stashed_seed``: the ablation call already ran in the last round, as the second
-        judged call of its batch (``_ask_trial``'s ``ablation_seed``), and only its report is asked for."""
+        judged call of its batch (``_ask_trial``'s ``ablation``), and only its report is asked for."""
         import torch
         if stashed_seed is None:
             seed = secrets.randbits(63)
@@ -1322,8 +1322,8 @@ class _DeviceStage:
                                                            if passthrough else "") + "the output unchanged)"),
                 rule="decoy_kernel", q=q)
 
-    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False, batch: int = 1,
-                   ablation_seed: int | None = None
+    def _ask_trial(self, seed: int, ablate: bool = False, full: bool = False, batch: int = 1, at: int | None = None,
+                   ablation: tuple[int, int] | None = None
                    ) -> tuple[dict[str, Any], tuple[int, int] | None, dict[int, Any] | None]:
         """Run one trial in the child: its report (with the handover's fields), the sample it handed over (None:
         every entry) and the digests it committed to first. Where outputs are sampled (``self.sampled``) and the
@@ -1332,25 +1332,26 @@ class _DeviceStage:
         device buffer where one can be offered (``_device_offer``), else through a sealed memfd. Once timing has begun
         (hidden trials) the judged call is one, at a secret position, of the candidate's batch of ``batch`` calls in a
         round made and run as a timed trial is (every runner's inputs, then the batches of the runners drawn before the
-        candidate's), whose times are thrown away: its inputs lie where a timed call's would. ``ablation_seed``: the
-        round's batch holds a second judged call, an ablation trial at another secret position, whose report the
-        child keeps for ``_decoy_check(..., stashed_seed=...)`` (one round where two would cost twice)."""
+        candidate's), whose times are thrown away: its inputs lie where a timed call's would. ``at``: the judged call's
+        position (drawn here if None). ``ablation`` (position, seed): the batch holds a second judged call there, an
+        ablation trial after ``at``, whose report the child keeps for ``_decoy_check(..., stashed_seed=...)`` (one
+        round where two would cost twice)."""
         if not self._timing_runners:   # the correctness phase: a call of its own, as every call before timing
             return self._ask_one_trial(seed, ablate, full)
         batch = max(int(batch), 1)   # one call per timed batch too: a round, never a call made beside the trial's
-        if ablation_seed is not None and batch < 2:
-            raise ValueError("a round's second judged call needs a batch of two calls or more")
+        at = secrets.randbelow(batch) if at is None else at
+        if not 0 <= at < batch or (ablation is not None and not at < ablation[0] < batch):
+            raise ValueError(f"judged calls at {at} and {ablation} in a batch of {batch}: the ablation call must follow")
         # a round made as a timed trial is (``_timing``): every runner's inputs, fresh seeds but ours at secret calls
         # of the candidate's batch, the runners before it in a shuffled order run, their times thrown away (those after
         # it would change nothing the calls see: the next request is another round's or trial's ``prepare``)
         runners = list(self._timing_runners)
-        at, *also_at = secrets.SystemRandom().sample(range(batch), 1 if ablation_seed is None else 2)
         seeds = {r: [secrets.randbits(63) for _ in range(batch)] for r in runners}
         seeds["cand"][at] = seed
         in_batch: dict[str, Any] = {"prepared": True, "at": at}
-        if also_at:
-            seeds["cand"][also_at[0]] = ablation_seed
-            in_batch["also"] = {"at": also_at[0], "seed": ablation_seed, "ablate": True}
+        if ablation is not None:
+            seeds["cand"][ablation[0]] = ablation[1]
+            in_batch["also"] = {"at": ablation[0], "seed": ablation[1], "ablate": True}
         self._ask({"op": "prepare", "seeds": seeds, "runners": runners}, "prepared")
         order = sorted(runners, key=lambda _: secrets.randbits(32))
         for runner in order[:order.index("cand")]:
@@ -1402,13 +1403,14 @@ class _DeviceStage:
         return report
 
     def _trial(self, ref_model, seed: int, full: bool = False, probe: bool = False,
-               batch: int = 1, ablation_seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               batch: int = 1, at: int | None = None, ablation: tuple[int, int] | None = None
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
         """One correctness trial: the child's report, and the parent's judgement of it (``ok``, differences,
         the first mismatch, in-place/aliasing flags against the reference, runtime rule violations; with
         ``probe``, ``_probe``'s sample of the reference's outputs). The reference runs first: its outputs size the
-        device buffer a full handover is offered. ``batch``, ``ablation_seed``: see ``_ask_trial``."""
+        device buffer a full handover is offered. ``batch``, ``at``, ``ablation``: see ``_ask_trial``."""
         ref_leaves, ref_spec, ref_mutates, ref_aliases = self._reference(ref_model, seed)
-        report, sample, commitment = self._ask_trial(seed, full=full, batch=batch, ablation_seed=ablation_seed)
+        report, sample, commitment = self._ask_trial(seed, full=full, batch=batch, at=at, ablation=ablation)
         if report.get("subclass_outputs"):
             raise _Verdict(Category.CHEATING, feedback.cheating(
                 "tensor_subclass_output", f"forward returned tensor subclasses {report['subclass_outputs'][:3]} "
@@ -1537,10 +1539,15 @@ class _DeviceStage:
         batch is, at a secret position (``_ask_trial``). The candidate cannot tell it from a timed call, so one
         that computes with PyTorch (or wrongly, or off its extension) once its correctness trials are over, or only
         where its inputs lie as a timed batch's do, is judged like in a correctness trial, with the profiler on. The
-        ablation trial that follows (``_decoy_check``) is a second judged call of the same batch where it has two calls
-        or more, else a round of its own."""
-        ablation_seed = secrets.randbits(63) if batch >= 2 else None
-        report, judged = self._trial(ref_model, secrets.randbits(63), batch=batch, ablation_seed=ablation_seed)
+        ablation trial that follows (``_decoy_check``) is a second judged call of the same batch, at a secret position
+        after the hidden call's, or a round of its own where the hidden call is the batch's last (a batch of one)."""
+        # the ablation call after the hidden one, never before: a native call's results overwritten are seen by the
+        # calls that follow (the ablation is recognisable), so an ablation first warned of a judged call to come
+        # (review of session 40). The batch ends with it, so nothing is left to warn.
+        batch = max(int(batch), 1)
+        at = secrets.randbelow(batch)
+        ablation = (at + 1 + secrets.randbelow(batch - at - 1), secrets.randbits(63)) if at < batch - 1 else None
+        report, judged = self._trial(ref_model, secrets.randbits(63), batch=batch, at=at, ablation=ablation)
         bad_ops = forbidden_ops(report.get("aten_ops") or {})
         if bad_ops:
             raise _Verdict(Category.CHEATING, feedback.cheating(
@@ -1564,7 +1571,7 @@ class _DeviceStage:
         # handed back allowed data movement beside a token native call. In the same round as the hidden trial where
         # the batch allows: a round of its own, always right after the hidden trial's, was a round the candidate
         # could expect to be ablated
-        self._decoy_check(ref_model, 1.0, batch=batch, stashed_seed=ablation_seed)
+        self._decoy_check(ref_model, 1.0, batch=batch, stashed_seed=ablation[1] if ablation else None)
 
     def _timing(self, ref_model, retry: bool = True) -> tuple[float, float, float | None]:
         import random

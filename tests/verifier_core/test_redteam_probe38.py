@@ -257,15 +257,20 @@ def test_a_hidden_trial_and_its_ablation_trial_share_one_round(make_cfg, monkeyp
     assert r.category == Category.PASS, (r.category, r.rule, r.feedback)
     assert r.details["ablation"]["conclusive"] is True
     timed_from = next(i for i, m in enumerate(sent) if m["op"] == "warmup")
-    rounds = [i for i, m in enumerate(sent) if m["op"] == "trial" and m.get("prepared")]
+    rounds = [i for i, m in enumerate(sent) if m["op"] == "trial" and m.get("prepared") and not m.get("ablate")]
     assert 2 <= len(rounds) <= 3   # the audited trials (two random ones and the last, which may coincide)
     for i in rounds:
         m = sent[i]
         prep = max(j for j in range(timed_from, i) if sent[j]["op"] == "prepare")
         cand = sent[prep]["seeds"]["cand"]
+        assert len(cand) >= 2 and cand[m["at"]] == m["seed"]
+        if "also" not in m:   # the hidden call was the batch's last: the ablation trial is a round of its own
+            assert m["at"] == len(cand) - 1
+            assert next(x for x in sent[i + 1:] if x["op"] == "trial").get("ablate") is True
+            continue
         also = m["also"]
-        assert len(cand) >= 2 and also["ablate"] is True and "ablate" not in m
-        assert also["at"] != m["at"] and cand[m["at"]] == m["seed"] and cand[also["at"]] == also["seed"]
+        assert also["ablate"] is True and "ablate" not in m
+        assert also["at"] > m["at"] and cand[also["at"]] == also["seed"]   # after it: an ablation seen warns nothing
         assert all(sent[j]["op"] in ("call", "collect") for j in range(prep + 1, i))   # runners drawn before it
         stashed = next(sent[j] for j in range(i + 1, len(sent)) if sent[j]["op"] == "trial")
         assert stashed.get("stashed") is True and stashed["seed"] == also["seed"] and "prepared" not in stashed
@@ -278,3 +283,40 @@ def test_a_hidden_trial_and_its_ablation_trial_share_one_round(make_cfg, monkeyp
     rounds = [m for m in sent if m["op"] == "trial" and m.get("prepared")]
     assert rounds and all("also" not in m for m in rounds)
     assert sum(bool(m.get("ablate")) for m in rounds) == len(rounds) // 2 and not any(m.get("stashed") for m in sent)
+
+
+# torch in every timed call until the candidate sees an ablation (a native call's write into a scratch tensor of its own,
+# which the ablation overwrites and nothing restores), then its kernel for good; the kernel before timing
+ABLATION_WARNS = '''
+_S = {"n": 0, "honest": False}
+_SCRATCH = torch.zeros(1)
+_ZERO = torch.zeros(1)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        _S["n"] += 1
+        n = _S["n"]
+        ext.add_out(torch.empty(1).fill_(float(n)), _ZERO, _SCRATCH)
+        if n > CALLS_BEFORE_TIMING and _SCRATCH[0].item() != float(n):
+            _S["honest"] = True   # ablated: a judged call may follow
+        if n > CALLS_BEFORE_TIMING and not _S["honest"]:
+            return torch.relu(x)
+        return ext.relu(x)
+'''
+
+
+@pytest.mark.slow
+def test_an_ablation_call_never_comes_before_its_rounds_hidden_call(make_cfg):
+    """Review of the shared round: with the two judged calls at any two positions, the ablation call came first in half
+    the rounds, and a candidate that recognised it (its own scratch overwritten) behaved for the hidden call after it:
+    a pass in about half the checks. The ablation call now always follows the hidden one, and the batch ends with it,
+    so the first hidden call always meets the torch path."""
+    cfg = make_cfg()
+    code = ABLATION_WARNS.replace("CALLS_BEFORE_TIMING", str(cfg.num_correct_trials + 1 + cfg.num_warmup))
+    for _ in range(3):
+        r = verify(load_task(task_path("relu")), compiled(code), cfg)
+        assert r.category == Category.CHEATING and r.rule == "forbidden_op", (r.category, r.rule, r.feedback)
