@@ -62,7 +62,7 @@ from .tasks import Task, load_task_module
 from .timing import TimedCall, choose_reps, floor_flush, implausible_timing, reported_time_problem, stats
 from .types import (REFERENCE_FAILED, REFERENCE_INSENSITIVE, REFERENCE_NOT_REPEATABLE, TASK_LOAD_FAILED, Category,
                     VerifyResult, reward_eq2)
-from .warm_spare import StartedChild, WarmSpares
+from .warm_spare import StartedChild, WarmSpares, keep_child_caches, seed_child_caches
 
 
 class _Verdict(Exception):
@@ -806,6 +806,7 @@ class _DeviceStage:
         """A run child in a new private working directory; it starts without knowing its candidate."""
         cfg = self.cfg
         workdir = tempfile.mkdtemp(prefix="verifier-run-", dir=cfg.work_dir)
+        seed_child_caches(self._spare_key, workdir)   # the harness's Triton kernels, built by an earlier child
         job = {"backend": cfg.backend, "candidate_path": os.path.join(workdir, "candidate.py"),
                "task_path": os.path.join(workdir, "task.py"), "precision": cfg.precision,
                "cpu_threads": cfg.cpu_threads, "cpu_flush_bytes": cfg.cpu_flush_bytes,
@@ -864,6 +865,9 @@ class _DeviceStage:
             raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "
                                                           f"{err.get('message', '')[:300]}"), traceback=err)
         self.details["device"] = ready.get("device")
+        # only the harness has run in the child so far (no candidate file is in its directory yet): what it built
+        # seeds the next children (``warm_spare.keep_child_caches``)
+        keep_child_caches(self._spare_key, self.workdir)
         if self.alone:   # from here on the stage has the device to itself
             self._hold("exclusive")
             too_big = memory_problem(self.footprint, self.cfg, self.backend, self.index, self.details)

@@ -16,6 +16,11 @@ the spare, the next spare starts and comes up while this candidate is imported a
 - An orphaned spare exits on its own: its request pipe closes when the worker that started it dies, and
   it then empties its own working directory (the sandbox may keep it from unlinking the directory
   itself).
+- The harness's own Triton kernels (the output commitment's digests, four builds of a second or two each, which
+  every run child made again in its fresh private cache, under the device's shared lock) are built once per stage
+  key: the cache of the first child to report ready, copied before any candidate file reaches its directory
+  (`keep_child_caches`), seeds each later child's private cache (`seed_child_caches`). A copy per child: what a
+  candidate leaves in its own cache reaches no other child.
 """
 from __future__ import annotations
 
@@ -23,7 +28,10 @@ import atexit
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
+import stat
+import tempfile
 import threading
 import time
 from typing import Any, Callable
@@ -188,3 +196,73 @@ def process_spares() -> WarmSpares:
             _PROCESS_SPARES = WarmSpares()
             atexit.register(_PROCESS_SPARES.close)
         return _PROCESS_SPARES
+
+
+#: the caches under a run child's working directory that ``keep_child_caches`` copies (``sandbox.child_env``)
+SEEDED_CACHES = ("triton",)
+#: a kept cache larger than this is not kept (the digests' builds take a few hundred KB)
+SEED_MAX_BYTES = 64 << 20
+_SEEDS: dict[Any, str] = {}
+_SEEDS_LOCK = threading.Lock()
+
+
+def _regular_files(root: str) -> list[tuple[str, int]]:
+    """Regular files under ``root`` (relative path, size); links and anything else are left out."""
+    found = []
+    for here, dirs, files in os.walk(root):   # os.walk follows no directory link by default
+        for name in files:
+            path = os.path.join(here, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                found.append((os.path.relpath(path, root), st.st_size))
+    return found
+
+
+def _copy_files(src: str, dst: str, files: list[tuple[str, int]]) -> None:
+    for rel, _ in files:
+        os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+        shutil.copyfile(os.path.join(src, rel), os.path.join(dst, rel), follow_symlinks=False)
+
+
+def keep_child_caches(key: Any, workdir: str) -> bool:
+    """Keep the caches of a run child that has reported ready and has been given no candidate yet (only the harness
+    has run in it, so what it built is the harness's): the seed of later children for ``key``, once per key. Returns
+    whether they were kept now."""
+    with _SEEDS_LOCK:
+        if key in _SEEDS:
+            return False
+    files = {name: _regular_files(os.path.join(workdir, name)) for name in SEEDED_CACHES}
+    if not any(files.values()) or sum(size for found in files.values() for _, size in found) > SEED_MAX_BYTES:
+        return False
+    seed = tempfile.mkdtemp(prefix="verifier-child-caches-")
+    try:
+        for name, found in files.items():
+            _copy_files(os.path.join(workdir, name), os.path.join(seed, name), found)
+    except OSError as e:   # best effort: the next child builds its own
+        log.warning("could not keep a run child's caches: %s", e)
+        shutil.rmtree(seed, ignore_errors=True)
+        return False
+    with _SEEDS_LOCK:
+        if key not in _SEEDS:
+            _SEEDS[key] = seed
+            atexit.register(shutil.rmtree, seed, True)
+            return True
+    shutil.rmtree(seed, ignore_errors=True)
+    return False
+
+
+def seed_child_caches(key: Any, workdir: str) -> bool:
+    """Copy the caches kept for ``key`` into a new run child's working directory, before it starts. Returns whether
+    there were any."""
+    with _SEEDS_LOCK:
+        seed = _SEEDS.get(key)
+    if seed is None:
+        return False
+    try:
+        for name in SEEDED_CACHES:
+            _copy_files(os.path.join(seed, name), os.path.join(workdir, name),
+                        _regular_files(os.path.join(seed, name)))
+    except OSError as e:
+        log.warning("could not seed a run child's caches: %s", e)
+        return False
+    return True

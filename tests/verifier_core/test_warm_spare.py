@@ -129,3 +129,53 @@ def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
     # the sandbox may let it empty its directory but not unlink the directory itself
     assert not os.path.exists(spare.workdir) or os.listdir(spare.workdir) == []
     spare.discard()
+
+
+def test_child_caches_are_kept_once_from_a_ready_child_and_copied_into_each_new_one(tmp_path):
+    """The harness's Triton kernels (the digests) were built again in every run child's fresh cache: four builds under
+    the device's shared lock per child. The first ready child's cache is kept (regular files only: a link is not
+    followed) and copied into each later child's directory, one copy per child."""
+    from verifier import warm_spare
+    key = ("test-key", str(tmp_path))
+    first = tmp_path / "first"
+    (first / "triton" / "abc").mkdir(parents=True)
+    (first / "triton" / "abc" / "digest.cubin").write_bytes(b"\x7fELF kernel")
+    (first / "triton" / "abc" / "digest.json").write_text('{"name": "digest"}')
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside")
+    os.symlink(secret, first / "triton" / "abc" / "link.json")
+    later = tmp_path / "later"
+    later.mkdir()
+    assert warm_spare.seed_child_caches(key, str(later)) is False   # nothing kept yet: the child builds its own
+    assert warm_spare.keep_child_caches(key, str(first)) is True
+    (first / "triton" / "abc" / "digest.cubin").write_bytes(b"changed")   # kept once: a later change is not seen
+    assert warm_spare.keep_child_caches(key, str(first)) is False
+    for name in ("one", "two"):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        assert warm_spare.seed_child_caches(key, str(workdir)) is True
+        got = workdir / "triton" / "abc"
+        assert (got / "digest.cubin").read_bytes() == b"\x7fELF kernel"
+        assert (got / "digest.json").read_text() == '{"name": "digest"}'
+        assert not (got / "link.json").exists()
+    (tmp_path / "one" / "triton" / "abc" / "digest.cubin").write_bytes(b"poisoned by a candidate")
+    third = tmp_path / "three"
+    third.mkdir()
+    warm_spare.seed_child_caches(key, str(third))
+    assert (third / "triton" / "abc" / "digest.cubin").read_bytes() == b"\x7fELF kernel"   # copies, not shared
+    empty = tmp_path / "empty"
+    (empty / "triton").mkdir(parents=True)
+    assert warm_spare.keep_child_caches(("other", 1), str(empty)) is False   # nothing built: nothing kept
+
+
+def test_caches_are_kept_before_any_candidate_file_reaches_the_child(relu, monkeypatch):
+    """Keeping a child's cache is safe only before candidate code could have run in it: the stage keeps it once the
+    child reported ready and before it writes candidate.py and task.py into the child's directory."""
+    from verifier import evaluate
+    cfg, task, good, _ = relu
+    seen = []
+    monkeypatch.setattr(evaluate, "keep_child_caches",
+                        lambda key, workdir: seen.append(sorted(os.listdir(workdir))) or False)
+    r = run_candidate(task, good, build_candidate(task, good, cfg), cfg)
+    assert r.category == Category.PASS, r.feedback
+    assert len(seen) == 1 and "candidate.py" not in seen[0] and "task.py" not in seen[0]
