@@ -168,7 +168,14 @@ class _JudgedCall:
     def start(self) -> None:
         s, seen = self.session, self.seen
         seen["calls"], seen["opaque"] = s.client.native_calls, s.client.opaque_calls
-        if self.ablate and s._ablation is not None:
+        if self.ablate:
+            # the model's tensors as they are right before this call (earlier calls of a batch may have replaced
+            # some): those the ablation overwrites are put back after it
+            gen = s.torch.Generator(device=s.device)
+            gen.manual_seed(self.seed)
+            s._ablation = {"calls": 0, "poisoned": 0, "passthrough": 0, "probes": 0, "generator": gen,
+                           "done": set(), "restore": [], "model": s._model_tensors()}
+            s._protected = {s._tb.untyped_storage(a).data_ptr() for a in self.args if issubclass(type(a), s._tb)}
             s.client.ablator = s._ablated_call
         profiler = s.backend.profiler()
         seen["prof"] = profiler.__enter__()
@@ -1385,13 +1392,6 @@ class DeviceSession:
             # in a round, taken after the batch from the same seed's inputs made again: a copy made before it would be
             # one more input-sized block alive through the batch, where a timed batch has none
             w.prints = None if in_batch else self._fingerprints(w.args)
-            if w.ablate:
-                gen = self.torch.Generator(device=self.device)
-                gen.manual_seed(w.seed)
-                self._ablation = {"calls": 0, "poisoned": 0, "passthrough": 0, "probes": 0, "generator": gen,
-                                  "done": set(), "restore": [], "model": self._model_tensors()}
-                self._protected = {self._tb.untyped_storage(a).data_ptr() for a in w.args
-                                   if issubclass(type(a), self._tb)}
         ms["trial_fingerprints"], t = (now() - t) * 1e3, now()
         if in_batch:
             self._check_reference()   # as ``call`` does around a timed batch
