@@ -938,6 +938,7 @@ class DeviceSession:
         self.counter = 0
         self._ops = TensorOps.capture(torch)    # C functions: a candidate cannot replace them (torch.Tensor's it can)
         self._tb, self._equal = self._ops.tb, self._ops.equal
+        self._no_torch_function = torch._C.DisableTorchFunctionSubclass   # before the candidate could replace it
         self.harness = self.state = None        # armed right before the candidate is imported
         self.findings: list[dict] = []          # integrity findings so far (every reply carries them)
         self.own_namespaces: set[str] = set()   # op namespaces the candidate's extensions registered
@@ -1047,23 +1048,32 @@ class DeviceSession:
         """Storages of the candidate model's parameters, buffers and tensor attributes. Read from the modules'
         instance dicts through ``nn.Module``'s own ``__dict__`` slot and ``dict``'s C methods, so that no code of the
         candidate's runs: this is read in ablation trials only, and an overridden ``state_dict``/``modules`` (or a
-        state-dict hook) that ran here told the ablation trial apart (a decoy ran its kernel for real only there)."""
+        state-dict hook) that ran here told the ablation trial apart (a decoy ran its kernel for real only there).
+        Storages are read with ``__torch_function__`` off (``_no_torch_function``, captured before the candidate
+        loaded): a tensor subclass's hook would run here, right before the ablated call (review of session 40).
+        Tensors without a storage (sparse) are left out."""
         tb, found = self._tb, set()
         instance_dict = self.torch.nn.Module.__dict__["__dict__"].__get__
         stack, seen = [self.new_model], set()
-        while stack:
-            module = stack.pop()
-            if id(module) in seen or not issubclass(type(module), self.torch.nn.Module):
-                continue
-            seen.add(id(module))
-            own = instance_dict(module)
-            values = list(dict.values(own))
-            for key in ("_parameters", "_buffers"):
-                if issubclass(type(dict.get(own, key)), dict):
-                    values += dict.values(dict.get(own, key))
-            found |= {tb.untyped_storage(v).data_ptr() for v in values if issubclass(type(v), tb)}
-            if issubclass(type(dict.get(own, "_modules")), dict):
-                stack += dict.values(dict.get(own, "_modules"))
+        with self._no_torch_function():
+            while stack:
+                module = stack.pop()
+                if id(module) in seen or not issubclass(type(module), self.torch.nn.Module):
+                    continue
+                seen.add(id(module))
+                own = instance_dict(module)
+                values = list(dict.values(own))
+                for key in ("_parameters", "_buffers"):
+                    if issubclass(type(dict.get(own, key)), dict):
+                        values += dict.values(dict.get(own, key))
+                for v in values:
+                    if issubclass(type(v), tb):
+                        try:
+                            found.add(tb.untyped_storage(v).data_ptr())
+                        except (RuntimeError, NotImplementedError):
+                            pass
+                if issubclass(type(dict.get(own, "_modules")), dict):
+                    stack += dict.values(dict.get(own, "_modules"))
         return found
 
     # -- guards ---------------------------------------------------------------------------------

@@ -18,8 +18,10 @@ the spare, the next spare starts and comes up while this candidate is imported a
   itself).
 - The harness's own Triton kernels (the output commitment's digests, four builds of a second or two each, which
   every run child made again in its fresh private cache, under the device's shared lock) are built once per stage
-  key: the cache of the first child to report ready, copied before any candidate file reaches its directory
-  (`keep_child_caches`), seeds each later child's private cache (`seed_child_caches`). A copy per child: what a
+  key: the cache of the first child to report ready, read into this process's memory before any candidate file
+  reaches its directory (`keep_child_caches`), is written into each later child's private cache before it starts
+  (`seed_child_caches`). Triton's group files name their files by absolute path: they are kept as names and written
+  back as paths into the new child's own cache, so that no child reads another's files. A copy per child: what a
   candidate leaves in its own cache reaches no other child.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -198,18 +201,20 @@ def process_spares() -> WarmSpares:
         return _PROCESS_SPARES
 
 
-#: the caches under a run child's working directory that ``keep_child_caches`` copies (``sandbox.child_env``)
-SEEDED_CACHES = ("triton",)
-#: a kept cache larger than this is not kept (the digests' builds take a few hundred KB)
+#: the cache under a run child's working directory that ``keep_child_caches`` keeps (``sandbox.child_env``)
+SEEDED_CACHE = "triton"
+#: a cache larger than this is not kept (the digests' builds take a few hundred KB)
 SEED_MAX_BYTES = 64 << 20
-_SEEDS: dict[Any, str] = {}
+#: Triton's group files (``FileCacheManager.put_group``): JSON naming the group's files by absolute path
+_GROUP_PREFIX = "__grp__"
+_SEEDS: dict[Any, dict[str, bytes]] = {}
 _SEEDS_LOCK = threading.Lock()
 
 
 def _regular_files(root: str) -> list[tuple[str, int]]:
     """Regular files under ``root`` (relative path, size); links and anything else are left out."""
     found = []
-    for here, dirs, files in os.walk(root):   # os.walk follows no directory link by default
+    for here, _, files in os.walk(root):   # os.walk follows no directory link by default
         for name in files:
             path = os.path.join(here, name)
             st = os.lstat(path)
@@ -218,51 +223,83 @@ def _regular_files(root: str) -> list[tuple[str, int]]:
     return found
 
 
-def _copy_files(src: str, dst: str, files: list[tuple[str, int]]) -> None:
-    for rel, _ in files:
-        os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
-        shutil.copyfile(os.path.join(src, rel), os.path.join(dst, rel), follow_symlinks=False)
+def _group_to_names(rel: str, data: bytes, root: str) -> bytes | None:
+    """A group file's absolute paths as bare file names of its own entry directory, or None where one lies elsewhere
+    (kept as written, a seeded child would read the files of the child that built them: its candidate's to change)."""
+    entry = os.path.realpath(os.path.join(root, os.path.dirname(rel)))
+    try:
+        group = json.loads(data)["child_paths"]
+        names = {}
+        for name, path in group.items():
+            if not isinstance(path, str) or os.path.dirname(os.path.realpath(path)) != entry:
+                return None
+            names[name] = os.path.basename(path)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return json.dumps({"child_paths": names}).encode()
+
+
+def _group_to_paths(rel: str, data: bytes, root: str) -> bytes:
+    """The inverse of ``_group_to_names`` for the cache at ``root`` (a new child's)."""
+    entry = os.path.join(root, os.path.dirname(rel))
+    names = json.loads(data)["child_paths"]
+    return json.dumps({"child_paths": {n: os.path.join(entry, f) for n, f in names.items()}}).encode()
 
 
 def keep_child_caches(key: Any, workdir: str) -> bool:
-    """Keep the caches of a run child that has reported ready and has been given no candidate yet (only the harness
-    has run in it, so what it built is the harness's): the seed of later children for ``key``, once per key. Returns
-    whether they were kept now."""
+    """Keep the Triton cache of a run child that has reported ready and has been given no candidate yet (only the
+    harness has run in it, so what it built is the harness's) as the seed of later children for ``key``, once per key,
+    in this process's memory (no file a child could reach). Returns whether it was kept now. Best effort."""
     with _SEEDS_LOCK:
         if key in _SEEDS:
             return False
-    files = {name: _regular_files(os.path.join(workdir, name)) for name in SEEDED_CACHES}
-    if not any(files.values()) or sum(size for found in files.values() for _, size in found) > SEED_MAX_BYTES:
-        return False
-    seed = tempfile.mkdtemp(prefix="verifier-child-caches-")
+    root = os.path.join(workdir, SEEDED_CACHE)
     try:
-        for name, found in files.items():
-            _copy_files(os.path.join(workdir, name), os.path.join(seed, name), found)
-    except OSError as e:   # best effort: the next child builds its own
+        files = _regular_files(root)
+        if not files or sum(size for _, size in files) > SEED_MAX_BYTES:
+            return False
+        seed: dict[str, bytes] = {}
+        for rel, _ in files:
+            if any(part.startswith("tmp.pid_") for part in rel.split(os.sep)):
+                continue   # a write Triton left unfinished (``FileCacheManager.put``'s staging directory)
+            with open(os.path.join(root, rel), "rb") as f:
+                data = f.read()
+            if os.path.basename(rel).startswith(_GROUP_PREFIX):
+                data = _group_to_names(rel, data, root)
+                if data is None:
+                    continue   # that entry is rebuilt by the child that needs it
+            seed[rel] = data
+    except OSError as e:
         log.warning("could not keep a run child's caches: %s", e)
-        shutil.rmtree(seed, ignore_errors=True)
         return False
     with _SEEDS_LOCK:
-        if key not in _SEEDS:
-            _SEEDS[key] = seed
-            atexit.register(shutil.rmtree, seed, True)
-            return True
-    shutil.rmtree(seed, ignore_errors=True)
-    return False
+        if key in _SEEDS:
+            return False
+        _SEEDS[key] = seed
+    return True
 
 
 def seed_child_caches(key: Any, workdir: str) -> bool:
-    """Copy the caches kept for ``key`` into a new run child's working directory, before it starts. Returns whether
-    there were any."""
+    """Write the cache kept for ``key`` into a new run child's working directory before it starts: a copy of its own,
+    made in full under a temporary name and then renamed into place (a partial seed is none). Returns whether there
+    was one."""
     with _SEEDS_LOCK:
         seed = _SEEDS.get(key)
-    if seed is None:
+    if not seed:
         return False
+    root = os.path.join(workdir, SEEDED_CACHE)
+    staging = tempfile.mkdtemp(prefix=".seed-", dir=workdir)
     try:
-        for name in SEEDED_CACHES:
-            _copy_files(os.path.join(seed, name), os.path.join(workdir, name),
-                        _regular_files(os.path.join(seed, name)))
+        for rel, data in seed.items():
+            if os.path.basename(rel).startswith(_GROUP_PREFIX):
+                data = _group_to_paths(rel, data, root)
+            path = os.path.join(staging, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        os.rename(staging, root)
     except OSError as e:
         log.warning("could not seed a run child's caches: %s", e)
+        shutil.rmtree(staging, ignore_errors=True)
         return False
     return True

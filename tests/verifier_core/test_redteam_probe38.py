@@ -320,3 +320,33 @@ def test_an_ablation_call_never_comes_before_its_rounds_hidden_call(make_cfg):
     for _ in range(3):
         r = verify(load_task(task_path("relu")), compiled(code), cfg)
         assert r.category == Category.CHEATING and r.rule == "forbidden_op", (r.category, r.rule, r.feedback)
+
+
+def test_reading_the_models_tensors_runs_no_torch_function_hook():
+    """The ablation trial's walk of the model's tensors (``_model_tensors``) read storages through
+    ``TensorBase.untyped_storage``, which runs a tensor subclass's ``__torch_function__``: since the walk runs right
+    before the ablated call, such a hook would name that call (review of session 40). It runs with the hooks off now,
+    and a tensor without a storage (sparse) is left out instead of failing the trial."""
+    import types
+
+    import torch
+
+    from verifier._child import DeviceSession
+
+    hooked = []
+
+    class Spy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types_, args=(), kwargs=None):
+            hooked.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types_, args, kwargs or {})
+
+    model = torch.nn.Linear(2, 2)
+    model.spy = torch.zeros(3).as_subclass(Spy)
+    model.sparse = torch.zeros(3, 3).to_sparse()
+    session = types.SimpleNamespace(torch=torch, _tb=torch._C.TensorBase, new_model=model,
+                                    _no_torch_function=torch._C.DisableTorchFunctionSubclass)
+    found = DeviceSession._model_tensors(session)
+    assert hooked == []
+    assert found == {t.untyped_storage().data_ptr() for t in (model.weight, model.bias)} | {
+        torch._C.TensorBase.untyped_storage(model.spy).data_ptr()}

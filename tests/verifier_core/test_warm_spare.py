@@ -131,41 +131,73 @@ def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
     spare.discard()
 
 
-def test_child_caches_are_kept_once_from_a_ready_child_and_copied_into_each_new_one(tmp_path):
+def _triton_cache(monkeypatch, workdir, key: str):
+    """Triton's own file cache at ``workdir``/triton, as a run child's (``sandbox.child_env``), for entry ``key``."""
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager
+    monkeypatch.setattr(knobs.cache, "dir", str(workdir / "triton"))
+    return FileCacheManager(key)
+
+
+def test_child_caches_are_kept_once_from_a_ready_child_and_written_into_each_new_one(tmp_path, monkeypatch):
     """The harness's Triton kernels (the digests) were built again in every run child's fresh cache: four builds under
-    the device's shared lock per child. The first ready child's cache is kept (regular files only: a link is not
-    followed) and copied into each later child's directory, one copy per child."""
+    the device's shared lock per child. The first ready child's cache is kept in the parent's memory and written into
+    each later child's cache. Triton's group files name their files by absolute path (what ``compile`` writes and
+    reads back on a hit): a review found the seeded children reading the first child's files, which its candidate
+    could overwrite (a forged digest kernel in every later child). They now resolve inside each child's own cache."""
     from verifier import warm_spare
     key = ("test-key", str(tmp_path))
     first = tmp_path / "first"
-    (first / "triton" / "abc").mkdir(parents=True)
-    (first / "triton" / "abc" / "digest.cubin").write_bytes(b"\x7fELF kernel")
-    (first / "triton" / "abc" / "digest.json").write_text('{"name": "digest"}')
-    secret = tmp_path / "secret.txt"
-    secret.write_text("outside")
-    os.symlink(secret, first / "triton" / "abc" / "link.json")
+    cache = _triton_cache(monkeypatch, first, "0123abcd")
+    group = {"digest_blocks.cubin": cache.put(b"\x7fELF honest kernel", "digest_blocks.cubin"),
+             "digest_blocks.json": cache.put('{"name": "digest_blocks"}', "digest_blocks.json", binary=False)}
+    cache.put_group("digest_blocks.json", group)   # as triton.compiler.compile does
+    os.symlink(tmp_path, first / "triton" / "0123abcd" / "link")
     later = tmp_path / "later"
     later.mkdir()
     assert warm_spare.seed_child_caches(key, str(later)) is False   # nothing kept yet: the child builds its own
     assert warm_spare.keep_child_caches(key, str(first)) is True
-    (first / "triton" / "abc" / "digest.cubin").write_bytes(b"changed")   # kept once: a later change is not seen
-    assert warm_spare.keep_child_caches(key, str(first)) is False
+    with open(group["digest_blocks.cubin"], "wb") as f:   # the first child's candidate, after the keep
+        f.write(b"\x7fELF FORGED kernel")
+    assert warm_spare.keep_child_caches(key, str(first)) is False   # kept once
     for name in ("one", "two"):
         workdir = tmp_path / name
         workdir.mkdir()
         assert warm_spare.seed_child_caches(key, str(workdir)) is True
-        got = workdir / "triton" / "abc"
-        assert (got / "digest.cubin").read_bytes() == b"\x7fELF kernel"
-        assert (got / "digest.json").read_text() == '{"name": "digest"}'
-        assert not (got / "link.json").exists()
-    (tmp_path / "one" / "triton" / "abc" / "digest.cubin").write_bytes(b"poisoned by a candidate")
+        mine = _triton_cache(monkeypatch, workdir, "0123abcd")
+        got = mine.get_group("digest_blocks.json")
+        assert set(got) == {"digest_blocks.cubin", "digest_blocks.json"}
+        assert all(os.path.dirname(p) == mine.cache_dir for p in got.values())   # its own files, no other's
+        with open(got["digest_blocks.cubin"], "rb") as f:
+            assert f.read() == b"\x7fELF honest kernel"
+        assert not os.path.lexists(os.path.join(mine.cache_dir, "link"))   # a link is not carried
+        assert not [n for n in os.listdir(workdir) if n.startswith(".seed-")]   # renamed into place whole
+    with open(tmp_path / "one" / "triton" / "0123abcd" / "digest_blocks.cubin", "wb") as f:
+        f.write(b"poisoned by the candidate of child one")
     third = tmp_path / "three"
     third.mkdir()
     warm_spare.seed_child_caches(key, str(third))
-    assert (third / "triton" / "abc" / "digest.cubin").read_bytes() == b"\x7fELF kernel"   # copies, not shared
+    with open(third / "triton" / "0123abcd" / "digest_blocks.cubin", "rb") as f:
+        assert f.read() == b"\x7fELF honest kernel"   # one copy per child
     empty = tmp_path / "empty"
     (empty / "triton").mkdir(parents=True)
     assert warm_spare.keep_child_caches(("other", 1), str(empty)) is False   # nothing built: nothing kept
+
+
+def test_a_group_naming_files_outside_its_entry_is_not_kept(tmp_path, monkeypatch):
+    from verifier import warm_spare
+    first = tmp_path / "first"
+    cache = _triton_cache(monkeypatch, first, "feed")
+    outside = tmp_path / "elsewhere.cubin"
+    outside.write_bytes(b"not the harness's")
+    cache.put_group("k.json", {"k.cubin": str(outside)})
+    cache.put(b"kernel", "plain.bin")
+    assert warm_spare.keep_child_caches(("outside",), str(first)) is True
+    later = tmp_path / "later"
+    later.mkdir()
+    assert warm_spare.seed_child_caches(("outside",), str(later)) is True
+    mine = _triton_cache(monkeypatch, later, "feed")
+    assert mine.get_group("k.json") is None and mine.get_file("plain.bin") is not None
 
 
 def test_caches_are_kept_before_any_candidate_file_reaches_the_child(relu, monkeypatch):
