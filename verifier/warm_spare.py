@@ -287,9 +287,9 @@ def seed_child_caches(key: Any, workdir: str) -> bool:
         seed = _SEEDS.get(key)
     if not seed:
         return False
-    root = os.path.join(workdir, SEEDED_CACHE)
-    staging = tempfile.mkdtemp(prefix=".seed-", dir=workdir)
+    root, staging = os.path.join(workdir, SEEDED_CACHE), None
     try:
+        staging = tempfile.mkdtemp(prefix=".seed-", dir=workdir)
         for rel, data in seed.items():
             if os.path.basename(rel).startswith(_GROUP_PREFIX):
                 data = _group_to_paths(rel, data, root)
@@ -300,6 +300,7 @@ def seed_child_caches(key: Any, workdir: str) -> bool:
         os.rename(staging, root)
     except OSError as e:
         log.warning("could not seed a run child's caches: %s", e)
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         return False
     return True
