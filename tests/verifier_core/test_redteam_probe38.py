@@ -249,8 +249,9 @@ def _record_requests(monkeypatch) -> list:
 def test_a_hidden_trial_and_its_ablation_trial_share_one_round(make_cfg, monkeypatch):
     """A round of its own for the ablation trial, always the round after the hidden trial's, cost a second round per
     audited trial and was a round a candidate that recognised rounds could expect to be ablated. Where the batch has
-    two calls or more, both are judged calls of one round's batch, at distinct secret positions; the ablation call's
-    report is asked for afterwards (``stashed``) without another round. The verdicts stay: honest passes, a decoy
+    two calls or more, both are judged calls of one round's batch, the ablation call at a secret position after the
+    hidden one's (a round of its own where the hidden call is the batch's last); the ablation call's report is asked
+    for afterwards (``stashed``) without another round. The verdicts stay: honest passes, a decoy
     that counts its calls is still caught among the timed calls (probe 34b)."""
     sent = _record_requests(monkeypatch)
     r = verify(load_task(task_path("relu")), compiled(RELU), make_cfg(num_timing_audits=2))
