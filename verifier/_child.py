@@ -1716,7 +1716,41 @@ class _Cfg:
         self.cpu_flush_bytes = int(job["cpu_flush_bytes"])
 
 
+def _import_harness() -> None:
+    """Every module the run mode needs, torch first: seconds of CPU on a busy host, and nothing of the device
+    (no context, no allocation), so done before the parent grants the device (``device``, see ``run_device``)."""
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+
+    from verifier import correctness, devices, fallback, inputs, timing  # noqa: F401
+
+
+def _recv_before_load(job: dict, chan: Channel) -> dict:
+    """The parent's next message while no candidate is known (a warm spare waits here, for seconds or minutes)."""
+    try:
+        return chan.recv()
+    except SystemExit:   # the worker that started this spare is gone: leave nothing in its directory
+        import shutil      # (the directory itself may not be removable from inside the sandbox)
+        shutil.rmtree(os.path.dirname(job["candidate_path"]), ignore_errors=True)
+        raise
+
+
 def run_device(job: dict, chan: Channel) -> None:
+    # Start-up in two steps. The imports need only the CPU; the device context, the profiler's start and the
+    # digest kernels need the device, which the parent grants (``device``) once it holds the device's shared lock
+    # for us (``verifier.device_lock``): a warm spare's imports then overlap another worker's timing, and the lock
+    # is held only for what touches the device.
+    try:
+        _import_harness()
+    except BaseException as e:  # no candidate code has run yet: a harness problem
+        chan.send({"op": "error", "phase": "harness", "error": _describe(e)})
+        return
+    chan.send({"op": "imported"})
+    msg = _recv_before_load(job, chan)
+    if msg.get("op") != "device":
+        if msg.get("op") == "exit":
+            chan.send({"op": "bye"})
+        return
     try:
         session = DeviceSession(job, chan)
     except BaseException as e:  # no candidate code has run yet: a harness/device problem
@@ -1726,12 +1760,7 @@ def run_device(job: dict, chan: Channel) -> None:
     chan.send({"op": "ready", "device": info, "torch": session.torch.__version__})
     # A run child may be started before its candidate exists (a warm spare): the task and candidate files
     # are written into the working directory only now, and the parent says so with "load".
-    try:
-        msg = chan.recv()
-    except SystemExit:   # the worker that started this spare is gone: leave nothing in its directory
-        import shutil      # (the directory itself may not be removable from inside the sandbox)
-        shutil.rmtree(os.path.dirname(job["candidate_path"]), ignore_errors=True)
-        raise
+    msg = _recv_before_load(job, chan)
     if msg.get("op") != "load":
         if msg.get("op") == "exit":
             chan.send({"op": "bye"})

@@ -6,7 +6,8 @@ can run beside another candidate's. Timing cannot: another process's kernels on 
 timed calls. So every device-stage worker of a device (farm processes, threads, other farms of the same
 user on the same host) takes this lock:
 
-- ``shared`` for start-up, import and correctness (a warm spare's start-up too);
+- ``shared`` for a child's device start-up (context, profiler; a warm spare's too: its interpreter start and
+  torch import need no lock, ``verifier.warm_spare``), the candidate's import and correctness;
 - ``exclusive`` for timing, and for a whole stage whose task is too large to share the device's memory.
 
 It is two ``flock``-ed files per device. The first is a turnstile: a worker waiting for ``exclusive``

@@ -218,8 +218,12 @@ PRECISION_PROBE_FP32_FACTOR = 32.0
 PRECISION_PROBE_FOLLOWS = 0.5
 # device memory left free beside a full handover's buffer and this process's snapshot of it
 DEVICE_HANDOVER_HEADROOM = 1 << 30
-# the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size)
-DEVICE_HANDOVER_SHARED_MAX_BYTES = 256 << 20
+# the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size):
+# this share of the device's memory, at most this many bytes. Memory the footprint estimate did not count, so a small
+# share: on an 80 GB GPU, outputs up to 625 MB (KernelBench level 1's 256 MB outputs: a handover through a memfd cost
+# the child 0.14-0.23 s, and the parent as much again, in every correctness trial of the shared phase)
+DEVICE_HANDOVER_SHARED_SHARE = 1 / 64
+DEVICE_HANDOVER_SHARED_MAX_BYTES = 2 << 30
 # a runtime error that says the device ran out of memory (torch, CUDA/MUSA runtime, cuBLAS/muBLAS)
 _OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|ErrorMemoryAllocation|STATUS_ALLOC_FAILED",
                             re.IGNORECASE)
@@ -395,6 +399,7 @@ class _DeviceStage:
     _ref_commit_bytes = 0               # ... and their commitment (the digests of its large outputs)
     _ref_sample_bytes = 0               # ... and a sampled handover of them (``sample_index``'s entries)
     alone = False     # the stage has the device to itself from the candidate's import on
+    _capacity = 0     # bytes of the device's memory (of the host's, on a CPU)
 
     def __init__(self, task: Task, code: str, build: BuildResult, cfg: VerifierConfig, device_index: int | None,
                  spares: WarmSpares | None = None, force_alone: bool = False):
@@ -518,7 +523,8 @@ class _DeviceStage:
         if cfg.backend != "cuda" or cfg.device_handover_above_bytes is None or self._device_off \
                 or nbytes <= cfg.device_handover_above_bytes:
             return None
-        if not (self.alone or self._held_since is not None) and 2 * nbytes > DEVICE_HANDOVER_SHARED_MAX_BYTES:
+        shared_max = min(DEVICE_HANDOVER_SHARED_MAX_BYTES, int(self._capacity * DEVICE_HANDOVER_SHARED_SHARE))
+        if not (self.alone or self._held_since is not None) and 2 * nbytes > shared_max:
             # memory the footprint estimate did not count, while other stages share the device (a stage holding it
             # alone, as while timing, may: its buffers are freed before it gives the device back)
             return None
@@ -847,10 +853,10 @@ class _DeviceStage:
     def _spare_lease(self) -> DeviceUse:
         return self.device_lock.shared(self.cfg.device_wait_timeout_s)
 
-    def _start(self, started: StartedChild | None) -> dict[str, Any]:
+    def _start(self, started: StartedChild) -> dict[str, Any]:
+        """Take over ``started`` (a warm spare, or this stage's own child, still importing), with the device held:
+        grant it the device if nobody has yet, and load the task once it is ready."""
         cfg = self.cfg
-        if started is None:
-            started = self._start_child()
         self.child, self.workdir = started.child, started.workdir
         # a warm spare was started before this stage began (by the previous candidate's stage)
         self.details["child"] = {"pid": self.child.proc.pid if self.child.proc else None,
@@ -860,6 +866,10 @@ class _DeviceStage:
         hello = self.conv.expect()
         self.details["isolation"] = hello.get("isolation")
         ready = self.conv.expect()
+        if ready.get("op") == "imported":   # its CPU-only start-up is over; the device is ours (held shared) now
+            if not started.device_granted:
+                started.grant_device()
+            ready = self.conv.expect()
         if ready.get("op") != "ready":
             err = ready.get("error", {})
             raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "
@@ -1013,7 +1023,7 @@ class _DeviceStage:
         capacity = (inputs.device_total_bytes(cfg.backend, self.index) if self.backend.is_gpu
                     else inputs.host_available_bytes())
         alone = self.force_alone or not inputs.shares_device(fp, cfg.shared_device_max_bytes, capacity)
-        self.alone, self.footprint = alone, fp
+        self.alone, self.footprint, self._capacity = alone, fp, capacity or 0
         self.details["device_use"] = "exclusive" if alone else "shared, exclusive while timing"
         q = 0.0
         self._last_lap = time.monotonic()
@@ -1021,6 +1031,8 @@ class _DeviceStage:
             # take a warm spare before holding the device: its start-up holds the device's shared lock
             spare = self.spares.take(self._spare_key) if self.spares else None
             try:
+                if spare is None:   # our own child: its imports (CPU only) run while we wait for the device
+                    spare = self._start_child()
                 # a stage that will have the device alone starts its child under a shared hold too (a child's
                 # start-up holds no task data, like a warm spare's): it takes the device before the candidate
                 # is loaded (``_start``), so the seconds no other stage can use the device start there

@@ -8,10 +8,14 @@ the spare, the next spare starts and comes up while this candidate is imported a
 - Every candidate still gets a fresh process that no other candidate has touched. A spare has run only
   the harness (isolation, imports, device init). The task and candidate files are written into its working
   directory after it is taken.
-- A spare's start-up never overlaps a timing phase. It holds the device's shared lock until it has
-  reported ready (`verifier.device_lock`), and before timing the device stage waits until its own next
-  spare is up (`wait_started`), so that spare's CPU work, device context and profiler initialisation are
-  over when the clock runs.
+- A spare's device start-up never overlaps a timing phase. The child starts in two steps: its imports (torch and
+  the harness, seconds of CPU on a host busy compiling) need no device and run without any lock, beside other
+  workers' timing, as the compile workers' compilers do; it then reports `imported` and waits. Its device
+  context, profiler start and digest kernels come only after the parent grants the device (`device`), holding
+  the device's shared lock until the child has reported ready (`verifier.device_lock`). Before timing the device
+  stage waits until its own next spare is up (`wait_started`), so that spare's CPU work is over when the clock
+  runs. (Until session 41 the lock covered the imports too: a timing phase then waited for them, and a spare
+  for others' timing before it could import.)
 - Starting a spare is best effort. If it fails, the next candidate starts its own child, as without spares.
 - An orphaned spare exits on its own: its request pipe closes when the worker that started it dies, and
   it then empties its own working directory (the sandbox may keep it from unlinking the directory
@@ -52,20 +56,38 @@ class StartedChild:
     workdir: str
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     failed: bool = False
+    device_granted: bool = False   # ``grant_device`` sent: the child may initialise its device
+
+    @property
+    def imported(self) -> bool:
+        """The child's CPU-only start-up is over (``imported``), or it ended in an error."""
+        return any(m.get("op") in ("imported", "ready", "error") for m in self.messages)
 
     @property
     def ready(self) -> bool:
         return any(m.get("op") in ("ready", "error") for m in self.messages)
 
+    def read_until_imported(self, deadline: float) -> None:
+        """Read ``hello`` and ``imported`` (or a start-up error): the part of the start-up that needs no device."""
+        self._read_until(lambda: self.imported, deadline)
+
+    def grant_device(self) -> None:
+        """Let the child initialise its device (``device``); the caller holds the device's shared lock for it."""
+        self.child.send({"op": "device"})
+        self.device_granted = True
+
     def read_until_ready(self, deadline: float) -> None:
-        """Read ``hello`` and then ``ready`` (or a start-up error); they stay queued in ``messages`` for the
-        device stage that takes this child. No candidate code has run in it, so they are trusted."""
+        """Read up to ``ready`` (or a start-up error). The messages stay queued in ``messages`` for the device stage
+        that takes this child. No candidate code has run in it, so they are trusted."""
+        self._read_until(lambda: self.ready, deadline)
+
+    def _read_until(self, done: Callable[[], bool], deadline: float) -> None:
         try:
-            while not self.ready and not self.failed:
+            while not done() and not self.failed:
                 self.messages.append(self.child.recv(deadline))
         except ChildTimeout:
             pass
-        except (ChildFailed, ProtocolError):
+        except (ChildFailed, ProtocolError, OSError):   # OSError: a send to a child already gone
             self.failed = True
 
     def discard(self) -> None:
@@ -88,9 +110,10 @@ class _Pending:
 class WarmSpares:
     """At most one started-but-unused run child per key; thread-safe.
 
-    A spare is started on a background thread, under ``lease`` (the device's shared lock, see
-    ``verifier.device_lock``) until it has reported ready: its device context and profiler start never
-    overlap another worker's timing, and nobody blocks on a lock while starting one."""
+    A spare is started on a background thread. Its imports run without a lock; from the device grant until it
+    has reported ready it is under ``lease`` (the device's shared lock, see ``verifier.device_lock``): its device
+    context and profiler start never overlap another worker's timing, and nobody blocks on a lock while starting
+    one."""
 
     def __init__(self) -> None:
         self._spares: dict[Any, _Pending] = {}
@@ -127,15 +150,24 @@ class WarmSpares:
         def work() -> None:
             spare = None
             try:
-                with (lease() if lease is not None else contextlib.nullcontext()):
-                    if not pending.cancelled:
-                        spare = start()
-                        spare.read_until_ready(time.monotonic() + timeout_s)
+                deadline = time.monotonic() + timeout_s
+                if not pending.cancelled:
+                    spare = start()
+                    spare.read_until_imported(deadline)   # CPU only: no lease, beside other workers' timing
+                if spare is not None and spare.imported and not spare.ready and not spare.failed \
+                        and not pending.cancelled:
+                    with (lease() if lease is not None else contextlib.nullcontext()):
+                        if not pending.cancelled:
+                            spare.grant_device()
+                            spare.read_until_ready(deadline)
                         if not spare.ready or spare.failed or pending.cancelled:
                             # still starting (or broken): gone before the lease ends, so that it never
                             # initialises its device beside another worker's timing
                             spare.discard()
                             spare = None
+                elif spare is not None and (not spare.ready or spare.failed or pending.cancelled):
+                    spare.discard()   # still importing at the deadline, or broken: it never touched the device
+                    spare = None
             except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
                 log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
                 if spare is not None:

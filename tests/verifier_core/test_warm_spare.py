@@ -8,7 +8,8 @@ import time
 import pytest
 
 from verifier.build import build_candidate
-from verifier.evaluate import precheck, run_candidate
+from verifier.device_lock import DeviceLock
+from verifier.evaluate import _DeviceStage, precheck, run_candidate
 from verifier.tasks import load_task
 from verifier.types import Category
 from verifier.warm_spare import WarmSpares
@@ -105,13 +106,53 @@ def test_spare_is_up_before_timing_and_failures_to_start_one_are_harmless(relu):
         r = run_candidate(task, good, build, cfg, spares=spares)
         assert r.category == Category.PASS and "spare_wait" in r.details["phase_seconds"]
         (spare,) = spares.started()
-        assert spare.ready and [m["op"] for m in spare.messages] == ["hello", "ready"]   # read before timing
+        assert spare.ready and [m["op"] for m in spare.messages] == ["hello", "imported", "ready"]  # before timing
+        assert spare.device_granted
     finally:
         spares.close()
     broken = NoNewSpares()
     r = run_candidate(task, good, build, cfg, spares=broken)
     assert r.category == Category.PASS, r.feedback
     assert broken.started() == []
+
+
+def test_a_spare_imports_without_the_device_lock_and_starts_its_device_only_under_it(relu, tmp_path):
+    """The spare's interpreter and torch import (CPU only) run while another worker times (holds the device alone);
+    its device start-up waits for the shared lock, and it is ready once the lock is free. A stage that takes a spare
+    the device was already granted to does not grant it twice, and one that takes none grants its own child."""
+    cfg, task, good, _ = relu
+    cfg = dataclasses.replace(cfg, device_lock_dir=str(tmp_path / "locks"))
+    build = build_candidate(task, good, cfg)
+    stage = _DeviceStage(task, good, build, cfg, None)
+    spares = WarmSpares()
+    timing = DeviceLock(cfg.backend, None, cfg.device_lock_dir).exclusive(10.0)   # another worker's timing
+    started = []
+
+    def start():
+        started.append(stage._start_child())
+        return started[-1]
+
+    try:
+        spares.replenish(stage._spare_key, start, cfg.startup_timeout_s, stage._spare_lease)
+        pending = spares._spares[stage._spare_key]
+        deadline = time.monotonic() + 120
+        while not (started and started[0].imported) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started and started[0].imported   # torch imported while the device was held alone by another
+        time.sleep(1.0)   # what it would need to start its device, were it allowed to
+        assert not pending.done.is_set() and not started[0].ready and not started[0].device_granted
+        timing.release()
+        (spare,) = spares.started()
+        assert spare is started[0]
+        assert [m["op"] for m in spare.messages] == ["hello", "imported", "ready"] and spare.device_granted
+        r = run_candidate(task, good, build, cfg, spares=spares)   # takes that spare: no second grant
+        assert r.category == Category.PASS, r.feedback
+        assert r.details["child"]["pid"] == spare.child.proc.pid
+    finally:
+        timing.release()
+        spares.close()
+    r = run_candidate(task, good, build, cfg)   # no spares: the stage grants its own child the device
+    assert r.category == Category.PASS, r.feedback
 
 
 def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
