@@ -303,7 +303,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         self.calls += 1
-        if self.calls == 40:          # one long call, early in timing (several seconds)
+        if self.calls == STALL_AT:    # one long call, early in timing (several seconds)
             spin = 0
             for i in range(80000000):
                 spin += i
@@ -325,11 +325,18 @@ def test_one_stalled_call_does_not_end_timing_early(make_cfg):
     # a budget that summed trial times would have charged in full
     cfg = make_cfg(num_timing_trials=6, time_budget_s=3.0)
     task = load_task(task_path("relu"))
-    code = precheck(task, compiled(STALL_ONCE), cfg)
-    r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
-    assert r.category == Category.PASS, r.feedback
-    assert r.details["timing"]["trials"] == 6
-    assert max(r.details["timing"]["wall_ms"]["max"], 0) > 1000     # the stall did happen inside timing
+    # The candidate cannot tell a timed call from an untimed one (a hidden trial's round, the warm-up): neither can
+    # the test, so where its stall landed outside the timed trials (once in a loaded suite run) the stall moves on
+    stalls_timed = []
+    for stall_at in (40, 56, 72):
+        code = precheck(task, compiled(STALL_ONCE.replace("STALL_AT", str(stall_at))), cfg)
+        r = run_candidate(task, code, build_candidate(task, code, cfg), cfg)
+        assert r.category == Category.PASS, r.feedback
+        assert r.details["timing"]["trials"] == 6
+        stalls_timed.append(max(r.details["timing"]["wall_ms"]["max"], 0) > 1000)
+        if stalls_timed[-1]:
+            break
+    assert stalls_timed[-1], stalls_timed     # the stall did happen inside timing, and timing went on
 
 
 def test_the_dispatch_spin_covers_the_enqueue_time_within_a_cap():
