@@ -524,9 +524,11 @@ class _DeviceStage:
                 or nbytes <= cfg.device_handover_above_bytes:
             return None
         shared_max = min(DEVICE_HANDOVER_SHARED_MAX_BYTES, int(self._capacity * DEVICE_HANDOVER_SHARED_SHARE))
-        if not (self.alone or self._held_since is not None) and 2 * nbytes > shared_max:
-            # memory the footprint estimate did not count, while other stages share the device (a stage holding it
-            # alone, as while timing, may: its buffers are freed before it gives the device back)
+        others = sum(2 * b.nbytes for k, b in self._device_bufs.items() if k != kind)   # buffers and their copies
+        if not (self.alone or self._held_since is not None) and 2 * nbytes + others > shared_max:
+            # memory the footprint estimate did not count, while other stages share the device: all kinds' buffers
+            # and copies together (a stage holding it alone, as while timing, may: its buffers are freed before it
+            # gives the device back)
             return None
         buf = self._device_bufs.get(kind)
         if buf is None or buf.nbytes < nbytes:
@@ -895,7 +897,8 @@ class _DeviceStage:
                                                           f"{str(err.get('message', ''))[:300]}"))
         self.details["process_filter"] = loaded.get("process_filter")
         if self.spares:   # start the next candidate's child now; it must be up before this one is timed
-            self.spares.replenish(self._spare_key, self._start_child, cfg.startup_timeout_s, self._spare_lease)
+            self.spares.replenish(self._spare_key, self._start_child, cfg.startup_timeout_s, self._spare_lease,
+                                  lease_imports=not self.backend.is_gpu)
         self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
         self.phase = "import"
         return ready
@@ -1030,8 +1033,11 @@ class _DeviceStage:
         try:
             # take a warm spare before holding the device: its start-up holds the device's shared lock
             spare = self.spares.take(self._spare_key) if self.spares else None
+            # a child's imports need the host's CPU only: on a GPU our own child imports while we wait for the device
+            # (on a cpu backend the CPU is the device, and the child starts once we hold it)
+            early_child = self.backend.is_gpu
             try:
-                if spare is None:   # our own child: its imports (CPU only) run while we wait for the device
+                if spare is None and early_child:
                     spare = self._start_child()
                 # a stage that will have the device alone starts its child under a shared hold too (a child's
                 # start-up holds no task data, like a warm spare's): it takes the device before the candidate
@@ -1042,6 +1048,10 @@ class _DeviceStage:
                 # allocates meanwhile (the memory that stages already running hold does count against it)
                 # (a task that cannot fit even the whole device is refused before any child starts)
                 too_big = memory_problem(fp, self.cfg, self.backend, self.index, self.details, capacity_only=alone)
+                if not too_big:
+                    self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
+                    if spare is None:
+                        spare = self._start_child()
             except BaseException as e:
                 if spare is not None:
                     spare.discard()
@@ -1055,7 +1065,6 @@ class _DeviceStage:
                 return _finish(self.task, cfg, Category.INFRA, feedback.infra(f"task {self.task.task_id}: {too_big}",
                                                                               too_big.rule), rule=too_big.rule,
                                details=dict(self.details))
-            self.details["device_health"] = self.backend.health(self.index) if self.backend.is_gpu else {}
             self._start(spare)
             self._lap("start")
             loaded = _checked(self.conv.expect(), {"timer_patched": list, **_INTEGRITY_FIELDS})
@@ -1414,6 +1423,7 @@ class _DeviceStage:
         """Ask for outputs, offering the device buffer of ``kind`` for them where one can be offered, and snapshot
         it on the reply (the snapshot of an earlier request never stands in for this one's)."""
         offer = self._device_offer(kind, nbytes)
+        self._device_snapshot = None   # an earlier copy is not held beside the one this reply makes
         report = _checked(self._ask({**msg, **({"device_out": offer} if offer else {})}, expect), _TRIAL_FIELDS)
         self._device_snapshot = self._snapshot(kind, report, "device_layout") if offer else None
         return report

@@ -15,7 +15,8 @@ the spare, the next spare starts and comes up while this candidate is imported a
   the device's shared lock until the child has reported ready (`verifier.device_lock`). Before timing the device
   stage waits until its own next spare is up (`wait_started`), so that spare's CPU work is over when the clock
   runs. (Until session 41 the lock covered the imports too: a timing phase then waited for them, and a spare
-  for others' timing before it could import.)
+  for others' timing before it could import.) On the cpu backend the host's CPU is the device, and the lock still
+  covers the imports (`lease_imports`).
 - Starting a spare is best effort. If it fails, the next candidate starts its own child, as without spares.
 - An orphaned spare exits on its own: its request pipe closes when the worker that started it dies, and
   it then empties its own working directory (the sandbox may keep it from unlinking the directory
@@ -87,8 +88,13 @@ class StartedChild:
                 self.messages.append(self.child.recv(deadline))
         except ChildTimeout:
             pass
-        except (ChildFailed, ProtocolError, OSError):   # OSError: a send to a child already gone
+        except (ChildFailed, ProtocolError):
             self.failed = True
+
+    @property
+    def errored(self) -> bool:
+        """Its start-up ended in an error report (no use to a candidate: the stage starts a child of its own)."""
+        return any(m.get("op") == "error" for m in self.messages)
 
     def discard(self) -> None:
         try:
@@ -104,6 +110,7 @@ class _Pending:
 
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     spare: StartedChild | None = None
+    starting: StartedChild | None = None   # the child while it starts (``_discard`` ends it if cancelled meanwhile)
     cancelled: bool = False
 
 
@@ -139,9 +146,11 @@ class WarmSpares:
         return None
 
     def replenish(self, key: Any, start: Callable[[], StartedChild], timeout_s: float = 180.0,
-                  lease: Callable[[], Any] | None = None) -> None:
+                  lease: Callable[[], Any] | None = None, lease_imports: bool = False) -> None:
         """Start the spare for ``key`` unless one exists, on a background thread. A failure to start is
-        logged, never raised (the next candidate then starts its own child)."""
+        logged, never raised (the next candidate then starts its own child). ``timeout_s`` bounds its imports, and
+        again its device start-up once ``lease`` is held (the wait for the lease is the lease's own). With
+        ``lease_imports`` the lease covers the imports too (a cpu backend: there the host's CPU is the device)."""
         with self._lock:
             if key in self._spares:
                 return
@@ -149,25 +158,26 @@ class WarmSpares:
 
         def work() -> None:
             spare = None
+            held_early = lease is not None and lease_imports
             try:
-                deadline = time.monotonic() + timeout_s
-                if not pending.cancelled:
-                    spare = start()
-                    spare.read_until_imported(deadline)   # CPU only: no lease, beside other workers' timing
-                if spare is not None and spare.imported and not spare.ready and not spare.failed \
-                        and not pending.cancelled:
-                    with (lease() if lease is not None else contextlib.nullcontext()):
-                        if not pending.cancelled:
-                            spare.grant_device()
-                            spare.read_until_ready(deadline)
-                        if not spare.ready or spare.failed or pending.cancelled:
-                            # still starting (or broken): gone before the lease ends, so that it never
-                            # initialises its device beside another worker's timing
-                            spare.discard()
-                            spare = None
-                elif spare is not None and (not spare.ready or spare.failed or pending.cancelled):
-                    spare.discard()   # still importing at the deadline, or broken: it never touched the device
-                    spare = None
+                with (lease() if held_early else contextlib.nullcontext()):
+                    if not pending.cancelled:
+                        spare = pending.starting = start()
+                        spare.read_until_imported(time.monotonic() + timeout_s)   # CPU only: no lease of its own
+                    if spare is not None and spare.imported and not spare.ready and not spare.failed \
+                            and not pending.cancelled:
+                        with (lease() if lease is not None and not held_early else contextlib.nullcontext()):
+                            if not pending.cancelled:
+                                spare.grant_device()
+                                spare.read_until_ready(time.monotonic() + timeout_s)
+                            if not spare.ready or spare.errored or spare.failed or pending.cancelled:
+                                # still starting (or broken): gone before the lease ends, so that it never
+                                # initialises its device beside another worker's timing
+                                spare.discard()
+                                spare = None
+                    elif spare is not None and (not spare.ready or spare.errored or spare.failed or pending.cancelled):
+                        spare.discard()   # still importing at the deadline, or broken: it never touched the device
+                        spare = None
             except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
                 log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
                 if spare is not None:
@@ -206,8 +216,11 @@ class WarmSpares:
 
     @staticmethod
     def _discard(pending: _Pending, wait_s: float = 5.0) -> None:
+        """Cancel a spare. One still starting after ``wait_s`` (its thread waiting for the device's lock, for up
+        to the lock's deadline) is ended here: its thread finds it cancelled and discards what is left."""
         pending.cancelled = True
-        pending.done.wait(wait_s)
+        if not pending.done.wait(wait_s) and pending.starting is not None:
+            pending.starting.discard()
         if pending.spare is not None:
             pending.spare.discard()
             pending.spare = None

@@ -96,10 +96,10 @@ def test_spare_is_up_before_timing_and_failures_to_start_one_are_harmless(relu):
     build = build_candidate(task, good, cfg)
 
     class NoNewSpares(WarmSpares):
-        def replenish(self, key, start, *args):
+        def replenish(self, key, start, *args, **kwargs):
             def fail():
                 raise OSError(11, "Resource temporarily unavailable")
-            super().replenish(key, fail, *args)
+            super().replenish(key, fail, *args, **kwargs)
 
     spares = WarmSpares()
     try:
@@ -153,6 +153,50 @@ def test_a_spare_imports_without_the_device_lock_and_starts_its_device_only_unde
         spares.close()
     r = run_candidate(task, good, build, cfg)   # no spares: the stage grants its own child the device
     assert r.category == Category.PASS, r.feedback
+
+
+def test_a_spare_waiting_for_the_device_ends_on_close_and_with_lease_imports_it_waits_to_import(relu, tmp_path):
+    """A spare that imported and waits for the device's lock (another worker times for minutes) is a live process
+    with a directory: closing the spares ends it and removes the directory at once, not when the lock comes. With
+    ``lease_imports`` (the cpu backend, whose device is the host's CPU) the child does not even start before the
+    lock is free."""
+    cfg, task, good, _ = relu
+    cfg = dataclasses.replace(cfg, device_lock_dir=str(tmp_path / "locks"))
+    stage = _DeviceStage(task, good, build_candidate(task, good, cfg), cfg, None)
+    timing = DeviceLock(cfg.backend, None, cfg.device_lock_dir).exclusive(10.0)
+    waiting, leased_imports = [], []
+
+    def starter(into):
+        def start():
+            into.append(stage._start_child())
+            return into[-1]
+        return start
+
+    spares, cpu_spares = WarmSpares(), WarmSpares()
+    try:
+        cpu_spares.replenish(stage._spare_key, starter(leased_imports), cfg.startup_timeout_s, stage._spare_lease,
+                             lease_imports=True)
+        spares.replenish(stage._spare_key, starter(waiting), cfg.startup_timeout_s, stage._spare_lease)
+        deadline = time.monotonic() + 120
+        while not (waiting and waiting[0].imported) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting and waiting[0].imported and not waiting[0].device_granted
+        assert leased_imports == []   # its imports wait for the lock as well
+        t0 = time.monotonic()
+        spares.close()
+        assert time.monotonic() - t0 < 30
+        child = waiting[0]
+        deadline = time.monotonic() + 10
+        while not child.child.exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.child.exited() and not os.path.exists(child.workdir)
+        timing.release()
+        (spare,) = cpu_spares.started()
+        assert spare is leased_imports[0] and spare.ready and spare.device_granted
+    finally:
+        timing.release()
+        spares.close()
+        cpu_spares.close()
 
 
 def test_an_orphaned_spare_exits_and_removes_its_directory(relu):
