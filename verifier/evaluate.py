@@ -524,12 +524,16 @@ class _DeviceStage:
                 or nbytes <= cfg.device_handover_above_bytes:
             return None
         shared_max = min(DEVICE_HANDOVER_SHARED_MAX_BYTES, int(self._capacity * DEVICE_HANDOVER_SHARED_SHARE))
-        others = sum(2 * b.nbytes for k, b in self._device_bufs.items() if k != kind)   # buffers and their copies
-        if not (self.alone or self._held_since is not None) and 2 * nbytes + others > shared_max:
+        if not (self.alone or self._held_since is not None):
             # memory the footprint estimate did not count, while other stages share the device: all kinds' buffers
             # and copies together (a stage holding it alone, as while timing, may: its buffers are freed before it
-            # gives the device back)
-            return None
+            # gives the device back). Between requests the other kinds' buffers are idle (what was read from them
+            # is in copies), so they make room first: a sampled trial's commitment and sample after a full trial.
+            if 2 * nbytes > shared_max:
+                return None
+            others = [k for k in self._device_bufs if k != kind]
+            if others and 2 * nbytes + sum(2 * self._device_bufs[k].nbytes for k in others) > shared_max:
+                self._close_device_buffers(*others)
         buf = self._device_bufs.get(kind)
         if buf is None or buf.nbytes < nbytes:
             self._close_device_buffers(kind)

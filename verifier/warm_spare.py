@@ -58,6 +58,8 @@ class StartedChild:
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     failed: bool = False
     device_granted: bool = False   # ``grant_device`` sent: the child may initialise its device
+    _discarded: bool = dataclasses.field(default=False, repr=False)
+    _discard_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
     @property
     def imported(self) -> bool:
@@ -88,7 +90,7 @@ class StartedChild:
                 self.messages.append(self.child.recv(deadline))
         except ChildTimeout:
             pass
-        except (ChildFailed, ProtocolError):
+        except (ChildFailed, ProtocolError, OSError, ValueError):   # the child's pipe gone under the read
             self.failed = True
 
     @property
@@ -97,8 +99,22 @@ class StartedChild:
         return any(m.get("op") == "error" for m in self.messages)
 
     def discard(self) -> None:
+        """End the child, reap it and close its pipes, remove its directory; once, whoever calls it."""
+        with self._discard_lock:
+            if self._discarded:
+                return
+            self._discarded = True
         try:
             self.child.close(grace_s=0.0, timed_out=True)
+        except Exception:  # noqa: BLE001 - best effort: the child may never have started
+            pass
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def end_now(self) -> None:
+        """Kill the child and remove its directory, from any thread; its pipes stay for the thread that reads them
+        to close (``discard``): a descriptor closed under another thread's read could be one reused meanwhile."""
+        try:
+            self.child.kill()
         except Exception:  # noqa: BLE001 - best effort: the child may never have started
             pass
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -157,13 +173,14 @@ class WarmSpares:
             pending = self._spares[key] = _Pending()
 
         def work() -> None:
-            spare = None
+            spare, ok = None, False
             held_early = lease is not None and lease_imports
             try:
                 with (lease() if held_early else contextlib.nullcontext()):
                     if not pending.cancelled:
                         spare = pending.starting = start()
-                        spare.read_until_imported(time.monotonic() + timeout_s)   # CPU only: no lease of its own
+                        if not pending.cancelled:   # (cancelled while it was being started: dropped below)
+                            spare.read_until_imported(time.monotonic() + timeout_s)   # CPU only: no lease of its own
                     if spare is not None and spare.imported and not spare.ready and not spare.failed \
                             and not pending.cancelled:
                         with (lease() if lease is not None and not held_early else contextlib.nullcontext()):
@@ -178,13 +195,11 @@ class WarmSpares:
                     elif spare is not None and (not spare.ready or spare.errored or spare.failed or pending.cancelled):
                         spare.discard()   # still importing at the deadline, or broken: it never touched the device
                         spare = None
+                ok = True
             except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
                 log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
-                if spare is not None:
-                    spare.discard()
-                    spare = None
             finally:
-                if spare is not None and pending.cancelled:
+                if spare is not None and (not ok or pending.cancelled):
                     spare.discard()
                     spare = None
                 pending.spare = spare
@@ -220,7 +235,7 @@ class WarmSpares:
         to the lock's deadline) is ended here: its thread finds it cancelled and discards what is left."""
         pending.cancelled = True
         if not pending.done.wait(wait_s) and pending.starting is not None:
-            pending.starting.discard()
+            pending.starting.end_now()
         if pending.spare is not None:
             pending.spare.discard()
             pending.spare = None

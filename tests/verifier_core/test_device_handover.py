@@ -101,6 +101,43 @@ def test_the_device_handover_is_off_on_a_cpu_and_configurable():
         VerifierConfig(device_handover_above_bytes=-1)
 
 
+def test_a_stage_sharing_the_device_offers_buffers_up_to_a_share_of_its_memory_for_all_kinds_together(monkeypatch):
+    """The shared cap is 1/64 of the device's memory for every buffer and its copy together (KernelBench level 1's
+    256 MB outputs fit on an 80 GB GPU; the old flat 256 MiB sent them through a memfd), the other kinds' idle buffers
+    make room before an offer is refused, and a stage holding the device alone is offered any size."""
+    from verifier import evaluate
+
+    class FakeBuffer:   # the driver's allocation, as ``ExportedBuffer`` (no GPU here)
+        live: list = []
+
+        def __init__(self, nbytes, device):
+            self.nbytes = nbytes
+            FakeBuffer.live.append(self)
+
+        def message(self):
+            return {"handle": "00", "bytes": self.nbytes}
+
+        def close(self):
+            FakeBuffer.live.remove(self)
+
+    monkeypatch.setattr(evaluate.device_handover, "ExportedBuffer", FakeBuffer)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 << 30, 80 << 30))
+    stage = _DeviceStage.__new__(_DeviceStage)
+    stage.cfg, stage.device, stage.details, stage._device_bufs = VerifierConfig(backend="cuda"), "cuda:0", {}, {}
+    stage._capacity, stage._held_since = 80 << 30, None
+    mib = 1 << 20
+    assert stage._device_offer("out", 256 * mib) == {"handle": "00", "bytes": 256 * mib}   # beside other stages
+    assert stage._device_offer("out", 700 * mib) is None                    # 1.4 GB with its copy: over 1.25 GB
+    assert stage._device_offer("out", 600 * mib)["bytes"] == 600 * mib
+    assert stage._device_offer("commit", 64 * mib)["bytes"] == 64 * mib    # the idle full buffer made room
+    assert set(stage._device_bufs) == {"commit"} and [b.nbytes for b in FakeBuffer.live] == [64 * mib]
+    assert stage._device_offer("sample", 32 * mib)["bytes"] == 32 * mib    # both fit: nothing closed
+    assert set(stage._device_bufs) == {"commit", "sample"}
+    stage._held_since = 0.0                                                # timing: the device is ours alone
+    assert stage._device_offer("out", 4 << 30)["bytes"] == 4 << 30
+    assert "device_off" not in stage.details.get("handover", {})
+
+
 def test_a_commitment_laid_out_on_the_device_reads_back_and_a_malformed_one_is_refused():
     digests = {"d0_0": torch.randint(-9, 9, (5, 2)), "d1_0": torch.randint(-9, 9, (3, 2))}
     buf = torch.zeros(2 * dh.ALIGN, dtype=torch.uint8)
