@@ -275,7 +275,9 @@ def verdict_record(index: int, cand: Candidate, result: Any, elapsed_s: float) -
             "device_exclusive_s": det.get("device_exclusive_s"), "seconds": det.get("seconds"),
             # the parent's and the child's own seconds by kind of work (audits, hidden trials, handovers, ...)
             "costs": det.get("costs"), "child_seconds": det.get("child_seconds"),
-            "calls_per_trial": timing.get("calls_per_trial"), "audits": len(det.get("audits") or [])}
+            "calls_per_trial": timing.get("calls_per_trial"), "audits": len(det.get("audits") or []),
+            # the run child's start-up: imports, a spare's wait for the device lock, device start after the grant
+            "child_startup_s": (det.get("child") or {}).get("startup_s")}
 
 
 def run_farm(cands: list[Candidate], tasks: dict[str, Any], cfg: Any, compile_workers: int,
@@ -353,7 +355,9 @@ def _verdicts(cands: list[Candidate], results: list[Any]) -> dict[str, Any]:
                                "infra_history": [h[-600:] for h in det.get("infra_history", [])][:2]})
     return {"expected_verdicts": agree, "total": len(cands), "by_kind": by_kind, "unexpected": unexpected,
             "device_stage_seconds_median": _phase_medians([{"phase_seconds": (r.details or {}).get("phase_seconds")}
-                                                           for r in results])}
+                                                           for r in results]),
+            "child_startup_seconds_median": _phase_medians(
+                [{"phase_seconds": ((r.details or {}).get("child") or {}).get("startup_s")} for r in results])}
 
 
 def _phase_medians(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -361,7 +365,8 @@ def _phase_medians(records: list[dict[str, Any]]) -> dict[str, float]:
     phases: dict[str, list[float]] = {}
     for rec in records:
         for k, v in (rec.get("phase_seconds") or {}).items():
-            phases.setdefault(k, []).append(v)
+            if v is not None:   # a step that did not happen (a child's start-up: no lock wait for the stage's own)
+                phases.setdefault(k, []).append(v)
     return {k: round(statistics.median(v), 3) for k, v in phases.items()}
 
 

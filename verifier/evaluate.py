@@ -872,10 +872,13 @@ class _DeviceStage:
         hello = self.conv.expect()
         self.details["isolation"] = hello.get("isolation")
         ready = self.conv.expect()
+        started.note_arrival(ready)   # (a spare's messages were timed as they came)
         if ready.get("op") == "imported":   # its CPU-only start-up is over; the device is ours (held shared) now
             if not started.device_granted:
                 started.grant_device()
             ready = self.conv.expect()
+            started.note_arrival(ready)
+        self.details["child"]["startup_s"] = started.startup_seconds()
         if ready.get("op") != "ready":
             err = ready.get("error", {})
             raise _Verdict(Category.INFRA, feedback.infra(f"device child failed to start: {err.get('type')}: "

@@ -58,6 +58,9 @@ class StartedChild:
     messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     failed: bool = False
     device_granted: bool = False   # ``grant_device`` sent: the child may initialise its device
+    arrived: dict[str, float] = dataclasses.field(default_factory=dict)   # op -> when its first message was read
+    granted_at: float | None = None
+    lease_wait_s: float | None = None   # a spare's wait for the device's shared lock before its grant
     _discarded: bool = dataclasses.field(default=False, repr=False)
     _discard_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
@@ -77,7 +80,19 @@ class StartedChild:
     def grant_device(self) -> None:
         """Let the child initialise its device (``device``); the caller holds the device's shared lock for it."""
         self.child.send({"op": "device"})
-        self.device_granted = True
+        self.device_granted, self.granted_at = True, time.monotonic()
+
+    def note_arrival(self, msg: dict[str, Any]) -> None:
+        self.arrived.setdefault(str(msg.get("op")), time.monotonic())
+
+    def startup_seconds(self) -> dict[str, float | None]:
+        """Where its start-up went: the interpreter and imports (to ``imported``), the wait for the device's lock (a
+        spare's), and the device start-up after the grant (to ``ready``); None where a step did not happen."""
+        def span(a: float | None, b: float | None) -> float | None:
+            return round(b - a, 3) if a is not None and b is not None else None
+        return {"imports": span(self.child.started_at, self.arrived.get("imported")),
+                "lock_wait": None if self.lease_wait_s is None else round(self.lease_wait_s, 3),
+                "device": span(self.granted_at, self.arrived.get("ready"))}
 
     def read_until_ready(self, deadline: float) -> None:
         """Read up to ``ready`` (or a start-up error). The messages stay queued in ``messages`` for the device stage
@@ -88,6 +103,7 @@ class StartedChild:
         try:
             while not done() and not self.failed:
                 self.messages.append(self.child.recv(deadline))
+                self.note_arrival(self.messages[-1])
         except ChildTimeout:
             pass
         except (ChildFailed, ProtocolError, OSError, ValueError):   # the child's pipe gone under the read
@@ -176,14 +192,17 @@ class WarmSpares:
             spare, ok = None, False
             held_early = lease is not None and lease_imports
             try:
-                with (lease() if held_early else contextlib.nullcontext()):
+                with (lease() if held_early else contextlib.nullcontext()) as early_use:
                     if not pending.cancelled:
                         spare = pending.starting = start()
+                        spare.lease_wait_s = getattr(early_use, "waited_s", None)
                         if not pending.cancelled:   # (cancelled while it was being started: dropped below)
                             spare.read_until_imported(time.monotonic() + timeout_s)   # CPU only: no lease of its own
                     if spare is not None and spare.imported and not spare.ready and not spare.failed \
                             and not pending.cancelled:
-                        with (lease() if lease is not None and not held_early else contextlib.nullcontext()):
+                        with (lease() if lease is not None and not held_early else contextlib.nullcontext()) as use:
+                            if use is not None:
+                                spare.lease_wait_s = use.waited_s
                             if not pending.cancelled:
                                 spare.grant_device()
                                 spare.read_until_ready(time.monotonic() + timeout_s)

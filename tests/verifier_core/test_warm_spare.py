@@ -55,11 +55,15 @@ def test_each_candidate_gets_a_fresh_prestarted_child(relu):
             if expected_pid is not None:   # the stage used the spare started during the previous candidate
                 assert r.details["child"]["pid"] == expected_pid
                 assert r.details["child"]["started_s_before_stage"] > 0
+                steps = r.details["child"]["startup_s"]   # imports, its wait for the lock, the device's start
+                assert steps["imports"] > 0 and steps["lock_wait"] >= 0 and steps["device"] > 0, steps
             assert not _alive(r.details["child"]["pid"])   # the process that ran the candidate is gone
             assert _spare_pid(spares) not in pids           # and a new one waits for the next candidate
         assert [r.category for r in results] == [Category.PASS, Category.CORRECTNESS_ERROR, Category.PASS]
         assert len(set(pids)) == 3
         assert results[0].details["child"]["started_s_before_stage"] == 0.0
+        own = results[0].details["child"]["startup_s"]   # the stage's own child: its lock wait is the stage's
+        assert own["imports"] > 0 and own["lock_wait"] is None and own["device"] > 0, own
     finally:
         spares.close()
 
