@@ -32,6 +32,7 @@ import os
 import secrets
 import statistics
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -1745,7 +1746,7 @@ def run_device(job: dict, chan: Channel) -> None:
     except BaseException as e:  # no candidate code has run yet: a harness problem
         chan.send({"op": "error", "phase": "harness", "error": _describe(e)})
         return
-    chan.send({"op": "imported"})
+    chan.send({"op": "imported", "at": time.monotonic()})   # when, for the parent's start-up breakdown
     msg = _recv_before_load(job, chan)
     if msg.get("op") != "device":
         if msg.get("op") == "exit":

@@ -220,7 +220,7 @@ PRECISION_PROBE_FOLLOWS = 0.5
 DEVICE_HANDOVER_HEADROOM = 1 << 30
 # the most a stage that shares the device may take for a handover's buffer and snapshot (a stage alone: any size):
 # this share of the device's memory, at most this many bytes. Memory the footprint estimate did not count, so a small
-# share: on an 80 GB GPU, outputs up to 625 MB (KernelBench level 1's 256 MB outputs: a handover through a memfd cost
+# share: on an 80 GB H100, outputs up to about 660 MB (KernelBench level 1's 256 MB outputs: a handover through a memfd cost
 # the child 0.14-0.23 s, and the parent as much again, in every correctness trial of the shared phase)
 DEVICE_HANDOVER_SHARED_SHARE = 1 / 64
 DEVICE_HANDOVER_SHARED_MAX_BYTES = 2 << 30
@@ -904,8 +904,10 @@ class _DeviceStage:
                                                           f"{str(err.get('message', ''))[:300]}"))
         self.details["process_filter"] = loaded.get("process_filter")
         if self.spares:   # start the next candidate's child now; it must be up before this one is timed
+            # (a stage alone holds the device from here through its timing: its next spare waits for the lock before
+            # it imports, so that no import runs beside that timing, as on a cpu backend, whose device is the CPU)
             self.spares.replenish(self._spare_key, self._start_child, cfg.startup_timeout_s, self._spare_lease,
-                                  lease_imports=not self.backend.is_gpu)
+                                  lease_imports=not self.backend.is_gpu or self.alone)
         self.conv.deadline = time.monotonic() + cfg.run_timeout_s  # the candidate's clock starts now
         self.phase = "import"
         return ready

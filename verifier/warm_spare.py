@@ -16,7 +16,8 @@ the spare, the next spare starts and comes up while this candidate is imported a
   stage waits until its own next spare is up (`wait_started`), so that spare's CPU work is over when the clock
   runs. (Until session 41 the lock covered the imports too: a timing phase then waited for them, and a spare
   for others' timing before it could import.) On the cpu backend the host's CPU is the device, and the lock still
-  covers the imports (`lease_imports`).
+  covers the imports (`lease_imports`); so it does for the next spare of a stage that has the device alone (a task
+  too large to share it), which holds the device from before its candidate loads through its timing.
 - Starting a spare is best effort. If it fails, the next candidate starts its own child, as without spares.
 - An orphaned spare exits on its own: its request pipe closes when the worker that started it dies, and
   it then empties its own working directory (the sandbox may keep it from unlinking the directory
@@ -83,7 +84,13 @@ class StartedChild:
         self.device_granted, self.granted_at = True, time.monotonic()
 
     def note_arrival(self, msg: dict[str, Any]) -> None:
-        self.arrived.setdefault(str(msg.get("op")), time.monotonic())
+        """When ``msg`` came: the child's own clock where it says (``at``: CLOCK_MONOTONIC, one for the host; sent
+        before any candidate code exists), so that a message read late (a stage's own child, read once the stage
+        holds the device) is not charged the wait; else now."""
+        now, at = time.monotonic(), msg.get("at")
+        if type(at) is not float or not self.child.started_at <= at <= now:
+            at = now
+        self.arrived.setdefault(str(msg.get("op")), at)
 
     def startup_seconds(self) -> dict[str, float | None]:
         """Where its start-up went: the interpreter and imports (to ``imported``), the wait for the device's lock (a
@@ -144,6 +151,9 @@ class _Pending:
     spare: StartedChild | None = None
     starting: StartedChild | None = None   # the child while it starts (``_discard`` ends it if cancelled meanwhile)
     cancelled: bool = False
+    # ``cancelled`` and ``spare`` change together under it: a spare is published only if not cancelled, and one
+    # cancelled after it was published is taken back by the canceller (never left unreaped)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 class WarmSpares:
@@ -218,11 +228,12 @@ class WarmSpares:
             except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
                 log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
             finally:
-                if spare is not None and (not ok or pending.cancelled):
-                    spare.discard()
-                    spare = None
-                pending.spare = spare
+                with pending.lock:
+                    dropped = spare if spare is not None and (not ok or pending.cancelled) else None
+                    pending.spare = None if dropped is not None else spare
                 pending.done.set()
+                if dropped is not None:
+                    dropped.discard()
 
         try:
             threading.Thread(target=work, name="warm-spare-start", daemon=True).start()
@@ -252,12 +263,14 @@ class WarmSpares:
     def _discard(pending: _Pending, wait_s: float = 5.0) -> None:
         """Cancel a spare. One still starting after ``wait_s`` (its thread waiting for the device's lock, for up
         to the lock's deadline) is ended here: its thread finds it cancelled and discards what is left."""
-        pending.cancelled = True
+        with pending.lock:
+            pending.cancelled = True
         if not pending.done.wait(wait_s) and pending.starting is not None:
             pending.starting.end_now()
-        if pending.spare is not None:
-            pending.spare.discard()
-            pending.spare = None
+        with pending.lock:
+            spare, pending.spare = pending.spare, None
+        if spare is not None:
+            spare.discard()
 
     def close(self) -> None:
         with self._lock:
