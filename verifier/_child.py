@@ -902,9 +902,9 @@ class DeviceSession:
 
     def __init__(self, job: dict, chan: Channel):
         import torch
-        import safetensors.torch  # noqa: F401  every harness module is loaded before any candidate code
 
-        from verifier import correctness, devices, fallback, inputs, timing  # noqa: F401
+        from verifier import devices, timing
+        _import_harness()   # every harness module is loaded before any candidate code (``run_device`` did already)
         self.torch = torch
         self.job, self.chan = job, chan
         self.backend = devices.get_backend(job["backend"])

@@ -523,8 +523,8 @@ class _DeviceStage:
         if cfg.backend != "cuda" or cfg.device_handover_above_bytes is None or self._device_off \
                 or nbytes <= cfg.device_handover_above_bytes:
             return None
-        shared_max = min(DEVICE_HANDOVER_SHARED_MAX_BYTES, int(self._capacity * DEVICE_HANDOVER_SHARED_SHARE))
         if not (self.alone or self._held_since is not None):
+            shared_max = min(DEVICE_HANDOVER_SHARED_MAX_BYTES, int(self._capacity * DEVICE_HANDOVER_SHARED_SHARE))
             # memory the footprint estimate did not count, while other stages share the device: all kinds' buffers
             # and copies together (a stage holding it alone, as while timing, may: its buffers are freed before it
             # gives the device back). Between requests the other kinds' buffers are idle (what was read from them

@@ -113,7 +113,7 @@ class StartedChild:
                 self.note_arrival(self.messages[-1])
         except ChildTimeout:
             pass
-        except (ChildFailed, ProtocolError, OSError, ValueError):   # the child's pipe gone under the read
+        except (ChildFailed, ProtocolError):
             self.failed = True
 
     @property
@@ -198,6 +198,9 @@ class WarmSpares:
                 return
             pending = self._spares[key] = _Pending()
 
+        def usable(spare: StartedChild) -> bool:
+            return spare.ready and not spare.errored and not spare.failed and not pending.cancelled
+
         def work() -> None:
             spare, ok = None, False
             held_early = lease is not None and lease_imports
@@ -216,20 +219,17 @@ class WarmSpares:
                             if not pending.cancelled:
                                 spare.grant_device()
                                 spare.read_until_ready(time.monotonic() + timeout_s)
-                            if not spare.ready or spare.errored or spare.failed or pending.cancelled:
+                            if not usable(spare):
                                 # still starting (or broken): gone before the lease ends, so that it never
                                 # initialises its device beside another worker's timing
                                 spare.discard()
                                 spare = None
-                    elif spare is not None and (not spare.ready or spare.errored or spare.failed or pending.cancelled):
-                        spare.discard()   # still importing at the deadline, or broken: it never touched the device
-                        spare = None
-                ok = True
+                ok = True   # a spare still importing at the deadline, or broken, is dropped below
             except Exception as e:  # noqa: BLE001 - e.g. EAGAIN/ENOMEM/EMFILE from fork, a lock deadline
                 log.warning("could not start a warm spare child: %s: %s", type(e).__name__, e)
             finally:
                 with pending.lock:
-                    dropped = spare if spare is not None and (not ok or pending.cancelled) else None
+                    dropped = spare if spare is not None and (not ok or not usable(spare)) else None
                     pending.spare = None if dropped is not None else spare
                 pending.done.set()
                 if dropped is not None:
