@@ -12,7 +12,8 @@ EngineClient. Side by side in the same run:
   attention in bf16; ``+sdpa``: the same with SDPA under a boolean mask over every slot's whole width, the
   attention it had before; ``+eager``: norm and MLP blocks not compiled (`compile_blocks` off); ``+compile``:
   torch.compile over the whole step instead of the blocks; ``+sync``: each step's tokens read back before the
-  next step is launched (`overlap_decode` off, the engine before 2026-12-05); ``dynamic``: the
+  next step is launched (`overlap_decode` off, the engine before 2026-12-05); ``+ungrouped``: each projection
+  its own GEMM (`group_projections` off, the engine before 2026-12-06); ``dynamic``: the
   DynamicCache path this engine had before),
   the dynamic one only at ``--dynamic-levels`` (it is slow);
 * transformers' own ``generate`` on the same model with ``cache_implementation="static"`` (which compiles the
@@ -160,6 +161,7 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
                                                         compile_blocks=path == "slots" and "eager" not in variants,
                                                         cuda_graphs=not args.no_cuda_graphs,
                                                         overlap_decode="sync" not in variants,
+                                                        group_projections=False if "ungrouped" in variants else None,
                                                         kv_cache_fraction=args.kv_cache_fraction))
     if "sdpa" in variants:   # the decode attention before flash varlen, for the comparison
         engine._slots.flash, engine._slots.flash_reason = False, "turned off by the benchmark (slots+sdpa)"
@@ -217,6 +219,8 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
         out["engine"] = engine.decode_info()
     finally:
         uncompile_blocks(model)   # the next engine or baseline starts from the model as loaded
+        if engine.projection_groups is not None:
+            engine.projection_groups.undo()
         server.stop()
         engine.release_memory(["kv_cache", "cuda_graph"]) if engine.is_idle() else None
         if device.type == "cuda":
@@ -291,7 +295,7 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--decode", nargs="+", default=["slots", "dynamic"],
                    choices=("slots", "slots+sync", "slots+eager", "slots+sdpa", "slots+sdpa+eager", "slots+compile",
-                            "slots+compile+sync", "slots+sdpa+compile", "dynamic"),
+                            "slots+compile+sync", "slots+sdpa+compile", "slots+ungrouped", "dynamic"),
                    help="slots[+sdpa][+compile] (see above), or the older dynamic path")
     p.add_argument("--dynamic-levels", type=int, nargs="*", default=[1, 16],
                    help="concurrency levels at which the (slow) dynamic path runs")

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .sampling import RequestSampling, request_uniforms, sample, seed_tensor, unfiltered
+from .grouped_projections import ProjectionGroups, group_projections
 from .slot_decode import SlotDecoder, compile_blocks, slot_compatible, supports_slots, use_decode_attention
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class EmbeddedEngineConfig:
     # decodes 4,078 tokens/s with them, 3,665 without (bench/results/embedded_generate_h200.md), and bf16
     # logprobs stay as close to fp32 (tests/rollout/test_slot_decode_gpu.py, passed on an H200)
     compile_blocks: bool = True
+    # one GEMM for the projections that read one input (q/k/v, gate/up, GDN in_proj_*), the HF parameters slices
+    # of the fused weight (`grouped_projections`): the decode GEMMs read the weights faster and a step launches
+    # fewer kernels. None: on a GPU unless compile_decode (whose dynamo trace it would break up); True/False: forced
+    group_projections: bool | None = None
     # share of the device memory free at allocation that the slot cache may take (SGLang: mem_fraction_static)
     kv_cache_fraction: float = 0.6
     # a group of joining requests is prefilled in chunks of at most this many (padded) tokens
@@ -216,6 +221,10 @@ class EmbeddedEngine:
         if self.config.compile_decode and "linear_attention" in (getattr(model.config, "layer_types", None) or ()):
             # on the CPU, inductor's code for the compiled GDN step corrupted the heap; never tried on a GPU
             raise ValueError("compile_decode supports attention-only models; this one has Gated DeltaNet layers")
+        self.projection_groups: ProjectionGroups | None = None
+        group = self.config.group_projections
+        if group or (group is None and self.device.type == "cuda" and not self.config.compile_decode):
+            self.projection_groups = group_projections(model)   # before compile_blocks: it compiles grouped MLPs
         self.compiled_blocks = 0
         if self.config.compile_blocks and self.device.type == "cuda" and not self.config.compile_decode:
             self.compiled_blocks = compile_blocks(model)
@@ -343,7 +352,8 @@ class EmbeddedEngine:
         """Which decode path serves, (slots) the cache and graph figures, and the cumulative `EngineStats`."""
         stats = {"engine_stats": {**dataclasses.asdict(self.stats),
                                   "graph_capture_s": self._slots.stats.graph_capture_s if self._slots else 0.0},
-                 "compiled_blocks": self.compiled_blocks}
+                 "compiled_blocks": self.compiled_blocks,
+                 "grouped_projections": len(self.projection_groups) if self.projection_groups is not None else 0}
         if self._slots is None:
             return {"decode": "dynamic", **stats}
         return {"decode": "slots", **self._slots.info(), **stats}
@@ -462,6 +472,8 @@ class EmbeddedEngine:
             if "weights" in tags and "weights" not in self._released and self.device.type != "cpu":
                 for p in self._unique_tensors():
                     p.data = p.data.to("cpu")
+                if self.projection_groups is not None:
+                    self.projection_groups.drop_storage()   # every parameter now has its own host copy
             self._released |= set(tags)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -472,6 +484,8 @@ class EmbeddedEngine:
             if "weights" in tags and "weights" in self._released and self.device.type != "cpu":
                 for p in self._unique_tensors():
                     p.data = p.data.to(self.device)
+                if self.projection_groups is not None:
+                    self.projection_groups.fuse()
             self._released -= set(tags)
 
     def _unique_tensors(self) -> list[torch.Tensor]:
@@ -525,6 +539,8 @@ class EmbeddedEngine:
         with self._model_lock, torch.no_grad():
             for name, t in update.tensors.items():
                 self._params[name].data.copy_(t)
+            if self.projection_groups is not None:
+                self.projection_groups.invalidate()
             if weight_version is not None:
                 self._weight_version = str(weight_version)
         if self.device.type == "cuda":

@@ -609,6 +609,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="run the model's norm and MLP blocks eagerly; by default, on a GPU, they are torch.compiled "
                         "(fuses a third of a decode step's small kernels; compiles in seconds)")
     p.add_argument("--enable-compiled-blocks", action="store_true", help=argparse.SUPPRESS)   # the default now
+    p.add_argument("--disable-grouped-projections", action="store_true",
+                   help="run q/k/v, gate/up and GDN input projections as separate GEMMs; by default, on a GPU, each "
+                        "set reads its input once as one GEMM (the HF parameters become slices of its weight)")
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="read each decode step's tokens back before launching the next (SGLang's flag); by default "
                         "the next step is launched first and the host's bookkeeping overlaps the device's step")
@@ -684,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.random_seed, context_length=args.context_length, decode=args.decode,
             cuda_graphs=not args.disable_cuda_graph, compile_decode=args.enable_torch_compile,
             compile_blocks=not args.disable_compiled_blocks, overlap_decode=not args.disable_overlap_schedule,
+            group_projections=False if args.disable_grouped_projections else None,
             kv_cache_fraction=args.kv_cache_fraction,
             max_prefill_tokens=args.max_prefill_tokens,
         ), tokenizer=tok, model_path=args.model_path)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 import types
 from typing import Any, Callable
@@ -143,36 +144,73 @@ def use_decode_attention(model: torch.nn.Module) -> None:
 #: elementwise kernels (an RMSNorm launches 7 kernels eager, 1 compiled; an MLP's SiLU and product fuse) and reads
 #: no cache or layer index, so one compiled graph per class serves every layer
 COMPILED_BLOCK_SUFFIXES = ("RMSNorm", "MLP")
+#: module-level functions of transformers' modeling files that `compile_blocks` compiles where they are defined:
+#: attention forwards look them up there at each call. RoPE's rotate-and-add is ~10 small kernels per layer eager
+#: (two slices, a negation, a cat, two products and a sum, for q and for k), a couple compiled
+COMPILED_FUNCTIONS = ("apply_rotary_pos_emb",)
+#: (modeling module, function name) -> the function `compile_blocks` replaced there, for `uncompile_blocks`
+_replaced_functions: dict[tuple[str, str], Callable] = {}
 
 
 def compile_blocks(model: torch.nn.Module, backend: str | Callable = "inductor") -> int:
     """torch.compile the forward of `model`'s norm and MLP blocks, one compiled function per block class shared by
-    all its instances (compiling takes seconds, against minutes for the whole step with `compile_decode`). Returns
-    how many modules now run compiled; `uncompile_blocks` undoes it."""
+    all its instances (compiling takes seconds, against minutes for the whole step with `compile_decode`), and the
+    `COMPILED_FUNCTIONS` of its modeling modules. An MLP whose projections `grouped_projections` fused is compiled
+    with its grouped forward. Returns how many modules and functions now run compiled; `uncompile_blocks` undoes it.
+
+    The functions are replaced in transformers' module, so every model of those classes in this process uses the
+    compiled one until `uncompile_blocks` (same numbers up to rounding; the engine is the only user in its process).
+    """
     # every layer's instance shares one graph per shape; decode, prefill and batch 1 (specialised) add variants
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 32))
-    compiled: dict[type, Callable] = {}
+    compiled: dict[tuple[type, Callable], Callable] = {}
     count = 0
+    modeling_modules = set()
     for module in model.modules():
         cls = type(module)
-        if not (cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(COMPILED_BLOCK_SUFFIXES)):
+        if not cls.__module__.startswith("transformers.models."):
             continue
-        if "forward" in module.__dict__ and not module.__dict__.get("_megatron_rl_compiled"):
+        modeling_modules.add(cls.__module__)
+        if not cls.__name__.endswith(COMPILED_BLOCK_SUFFIXES):
+            continue
+        base = module.__dict__.get("_megatron_rl_base_forward")   # a grouped MLP's forward (grouped_projections)
+        if "forward" in module.__dict__ and not (module.__dict__.get("_megatron_rl_compiled") or base):
             continue   # someone else's forward on the instance (an accelerate hook): left as it is
-        if cls not in compiled:
-            compiled[cls] = torch.compile(cls.forward, dynamic=True, backend=backend)
-        module.forward = types.MethodType(compiled[cls], module)
+        fn = base or cls.forward
+        if (cls, fn) not in compiled:
+            compiled[cls, fn] = torch.compile(fn, dynamic=True, backend=backend)
+        module.forward = types.MethodType(compiled[cls, fn], module)
         module._megatron_rl_compiled = True
         count += 1
+    for name in sorted(modeling_modules):
+        namespace = sys.modules[name]
+        for fname in COMPILED_FUNCTIONS:
+            fn = getattr(namespace, fname, None)
+            if (name, fname) not in _replaced_functions:
+                if not isinstance(fn, types.FunctionType) or fn.__module__ != name:
+                    continue   # absent, or imported from another module (compiled there, if at all)
+                _replaced_functions[name, fname] = fn
+                setattr(namespace, fname, torch.compile(fn, dynamic=True, backend=backend))
+            count += 1
     return count
 
 
 def uncompile_blocks(model: torch.nn.Module) -> None:
-    """Give every block `compile_blocks` compiled its class's own forward back."""
+    """Give every block `compile_blocks` compiled its own forward back (a grouped MLP its grouped forward), and
+    `model`'s modeling modules their functions."""
     for module in model.modules():
         if module.__dict__.pop("_megatron_rl_compiled", False):
-            module.__dict__.pop("forward", None)
+            base = module.__dict__.get("_megatron_rl_base_forward")
+            if base is not None:
+                module.forward = types.MethodType(base, module)
+            else:
+                module.__dict__.pop("forward", None)
+        name = type(module).__module__
+        for fname in COMPILED_FUNCTIONS:
+            original = _replaced_functions.pop((name, fname), None)
+            if original is not None:
+                setattr(sys.modules[name], fname, original)
 
 
 def supports_slots(model: torch.nn.Module) -> str | None:

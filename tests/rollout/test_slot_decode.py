@@ -2,6 +2,7 @@
 as a full forward, through joins, leaves, slot moves, a length growth mid-run, a memory budget smaller than the
 batch, and memory release; its decode attention equals transformers' SDPA."""
 import logging
+import sys
 import threading
 import time
 import types
@@ -372,26 +373,29 @@ def test_the_varlen_decode_path_gives_the_dynamic_paths_tokens(cfg, monkeypatch)
 @pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
 def test_compiled_blocks_share_one_graph_per_shape_across_layers_and_give_the_same_logits(cfg):
     """`compile_blocks` compiles norm and MLP blocks once per class and shape, not once per layer (the frame count
-    is the same for 4 and 8 layers), the logits do not change, and `uncompile_blocks` restores the class forwards."""
+    is the same for 4 and 8 layers), with RoPE's function in transformers' module, the logits do not change, and
+    `uncompile_blocks` restores the class forwards and the function."""
     from torch._dynamo.testing import CompileCounter
 
     frames = {}
     for layers in (4, 8):
         torch._dynamo.reset()
         model = _model(cfg, num_hidden_layers=layers)
+        rope = sys.modules[type(model).__module__].apply_rotary_pos_emb
         blocks = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
         inputs = [torch.randint(1, 200, shape) for shape in ((3, 9), (1, 1), (4, 1), (5, 1), (2, 7))]
         with torch.no_grad():
             eager = [model(ids).logits for ids in inputs]
             counter = CompileCounter()
-            assert compile_blocks(model, backend=counter) == len(blocks) >= 3 * layers
+            assert compile_blocks(model, backend=counter) == len(blocks) + 1 and len(blocks) >= 3 * layers
             compiled = [model(ids).logits for ids in inputs]
         for a, b in zip(eager, compiled):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         frames[layers] = counter.frame_count
         uncompile_blocks(model)
         assert not any("forward" in m.__dict__ for m in model.modules())
-    assert 0 < frames[4] == frames[8] <= 16, frames
+        assert sys.modules[type(model).__module__].apply_rotary_pos_emb is rope
+    assert 0 < frames[4] == frames[8] <= 24, frames
 
 
 def test_compile_blocks_leaves_a_forward_someone_else_put_on_an_instance():
@@ -403,7 +407,8 @@ def test_compile_blocks_leaves_a_forward_someone_else_put_on_an_instance():
     hooked = model.model.norm
     own = hooked.forward = lambda x: x
     n = compile_blocks(model, backend=CompileCounter())
-    assert hooked.forward is own and n == len([m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]) - 1
+    blocks = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+    assert hooked.forward is own and n == len(blocks) - 1 + 1   # all blocks but the hooked one, and RoPE's function
     assert compile_blocks(model, backend=CompileCounter()) == n
     uncompile_blocks(model)
     assert hooked.forward is own and sum("forward" in m.__dict__ for m in model.modules()) == 1
