@@ -223,6 +223,9 @@ class EmbeddedEngine:
             raise ValueError("compile_decode supports attention-only models; this one has Gated DeltaNet layers")
         self.projection_groups: ProjectionGroups | None = None
         group = self.config.group_projections
+        if group and self.config.compile_decode:
+            raise ValueError("group_projections and compile_decode do not go together: the grouped projections' "
+                             "per-input cache breaks the compiled step's graph at every layer")
         if group or (group is None and self.device.type == "cuda" and not self.config.compile_decode):
             self.projection_groups = group_projections(model)   # before compile_blocks: it compiles grouped MLPs
         self.compiled_blocks = 0

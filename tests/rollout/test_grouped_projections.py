@@ -181,3 +181,45 @@ def test_compile_blocks_compiles_grouped_mlps_and_rope_once_for_every_layer(cfg)
     assert mlp.forward.__func__.__name__ == "_grouped_mlp_forward"
     groups.undo()
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_threads_projecting_different_inputs_never_get_each_others_outputs():
+    """Two engines may share one model, each forward under its own engine's lock: a group's cached GEMM is per
+    thread, so concurrent projections of different inputs stay each thread's own."""
+    import sys
+    import threading
+
+    model = _model(dict(TINY, hidden_size=256, num_attention_heads=8, head_dim=32))
+    attn = model.model.layers[0].self_attn
+    group_projections(model)
+    wrong, errors = [0] * 4, []
+
+    def worker(index):
+        generator = torch.Generator().manual_seed(index)
+        with torch.no_grad():
+            for _ in range(1500):
+                x = torch.randn(1, 2, 256, generator=generator)
+                try:
+                    outs = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+                except Exception as e:   # noqa: BLE001 - any failure is the finding
+                    errors.append(repr(e))
+                    continue
+                wrong[index] += sum(not torch.allclose(y, F.linear(x, m.weight), atol=1e-4)
+                                    for m, y in zip((attn.q_proj, attn.k_proj, attn.v_proj), outs))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == [0] * 4 and not errors, (wrong, errors[:2])
+
+
+def test_forcing_grouped_projections_with_a_compiled_step_is_refused():
+    with pytest.raises(ValueError, match="group_projections and compile_decode"):
+        EmbeddedEngine(_model(TINY), EmbeddedEngineConfig(decode="slots", compile_decode=True, group_projections=True))
