@@ -228,6 +228,10 @@ class EmbeddedEngine:
                              "per-input cache breaks the compiled step's graph at every layer")
         if group or (group is None and self.device.type == "cuda" and not self.config.compile_decode):
             self.projection_groups = group_projections(model)   # before compile_blocks: it compiles grouped MLPs
+        elif model.__dict__.get("_megatron_rl_projection_groups"):
+            # another engine grouped this model: it stays grouped, and this engine's release and resume must free
+            # and rebuild the same fused tensors
+            self.projection_groups = group_projections(model)
         self.compiled_blocks = 0
         if self.config.compile_blocks and self.device.type == "cuda" and not self.config.compile_decode:
             self.compiled_blocks = compile_blocks(model)
@@ -473,10 +477,7 @@ class EmbeddedEngine:
                 if "weights" in tags or "cuda_graph" in tags:   # graphs hold the weights' addresses
                     self._slots.drop_graphs()
             if "weights" in tags and "weights" not in self._released and self.device.type != "cpu":
-                for p in self._unique_tensors():
-                    p.data = p.data.to("cpu")
-                if self.projection_groups is not None:
-                    self.projection_groups.drop_storage()   # every parameter now has its own host copy
+                self._move_weights(torch.device("cpu"))
             self._released |= set(tags)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -485,11 +486,19 @@ class EmbeddedEngine:
         tags = check_tags(tags)
         with self._model_lock:
             if "weights" in tags and "weights" in self._released and self.device.type != "cpu":
-                for p in self._unique_tensors():
-                    p.data = p.data.to(self.device)
-                if self.projection_groups is not None:
-                    self.projection_groups.fuse()
+                self._move_weights(self.device)
             self._released -= set(tags)
+
+    def _move_weights(self, device: torch.device) -> None:
+        """Give every parameter and buffer its own copy on `device` (each on its own: grouped projections' slices
+        too), then free the fused tensors (to the host) or rebuild them from the copies (back to the engine's device)."""
+        for p in self._unique_tensors():
+            p.data = p.data.to(device, copy=True)
+        if self.projection_groups is not None:
+            if device == self.device:
+                self.projection_groups.fuse()
+            else:
+                self.projection_groups.drop_storage()
 
     def _unique_tensors(self) -> list[torch.Tensor]:
         seen, out = set(), []

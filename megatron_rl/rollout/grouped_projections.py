@@ -161,6 +161,7 @@ class ProjectionGroups:
     """Every groupable projection set of `model`, fused. `undo` gives the model its separate weights back."""
 
     def __init__(self, model: torch.nn.Module):
+        self.model = model
         self.groups: list[_Group] = []
         self._mlps: list[torch.nn.Module] = []
         for parent in model.modules():
@@ -218,6 +219,7 @@ class ProjectionGroups:
             for attr in ("_megatron_rl_gate_up", "_megatron_rl_base_forward", "forward", "_megatron_rl_compiled"):
                 mlp.__dict__.pop(attr, None)
         self.groups, self._mlps = [], []
+        self.model.__dict__.pop("_megatron_rl_projection_groups", None)
 
 
 def group_projections(model: torch.nn.Module) -> ProjectionGroups:

@@ -154,33 +154,77 @@ def test_the_engine_with_grouped_projections_gives_the_same_tokens(cfg):
 
 @pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
 def test_compile_blocks_compiles_grouped_mlps_and_rope_once_for_every_layer(cfg):
-    """With projections grouped, compile_blocks compiles the grouped MLP forward (one frame set for every layer),
-    RoPE's function in transformers' module, and uncompile_blocks restores both."""
+    """With projections grouped, compile_blocks compiles the grouped MLP forward and RoPE's function in
+    transformers' module once for all layers (the same frame count for 4 and 8 layers), and uncompile_blocks
+    restores both."""
     from torch._dynamo.testing import CompileCounter
 
     import sys
-    torch._dynamo.reset()
+    frames = {}
+    for layers in (4, 8):
+        torch._dynamo.reset()
+        model = _model(cfg, num_hidden_layers=layers)
+        before = _logits(model)
+        groups = group_projections(model)
+        rope_module = sys.modules[type(model.model.layers[-1].mlp).__module__]
+        original = rope_module.apply_rotary_pos_emb
+        counter = CompileCounter()
+        blocks = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
+        assert compile_blocks(model, backend=counter) == len(blocks) + 1   # the blocks and apply_rotary_pos_emb
+        assert rope_module.apply_rotary_pos_emb is not original
+        for x, y in zip(before, _logits(model)):   # a GEMM over more rows rounds its fp32 sums differently
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+        frames[layers] = counter.frame_count
+        _logits(model, seed=1)   # the same shapes again, other values: nothing new to compile, in any layer
+        assert counter.frame_count == frames[layers]
+        uncompile_blocks(model)
+        assert rope_module.apply_rotary_pos_emb is original
+        mlp = model.model.layers[0].mlp
+        assert mlp.forward.__func__.__name__ == "_grouped_mlp_forward"
+        groups.undo()
+        assert not any("forward" in m.__dict__ for m in model.modules())
+    assert 0 < frames[4] == frames[8] <= 24, frames
+
+
+@pytest.mark.parametrize("cfg", [TINY, HYBRID], ids=["dense", "hybrid"])
+def test_a_grouped_forward_runs_one_gemm_per_group_and_none_per_member(cfg, monkeypatch):
+    """The point of grouping: each layer's k/v (or in_proj_z/b/a) and gate/up weights are read by one GEMM over
+    the fused weight, never by one of their own."""
     model = _model(cfg)
-    before = _logits(model)
     groups = group_projections(model)
-    rope_module = sys.modules[type(model.model.layers[-1].mlp).__module__]
-    original = rope_module.apply_rotary_pos_emb
-    counter = CompileCounter()
-    blocks = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "MLP"))]
-    assert compile_blocks(model, backend=counter) == len(blocks) + 1   # the blocks and apply_rotary_pos_emb
-    assert rope_module.apply_rotary_pos_emb is not original
+    shapes = []
+    linear = F.linear
+
+    def counting(x, weight, bias=None):
+        shapes.append(tuple(weight.shape))
+        return linear(x, weight, bias)
+    monkeypatch.setattr(torch.nn.functional, "linear", counting)
+    with torch.no_grad():
+        model(torch.randint(1, 200, (2, 5)))
+    fused = [tuple(g.weight.shape) for g in groups.groups]
+    members = {tuple(m.weight.shape) for g in groups.groups for m in g.members[1:]} - set(fused) - {
+        tuple(m.weight.shape) for name, m in model.named_modules() if name.endswith(("o_proj", "out_proj", "down_proj"))}
+    assert sorted(s for s in shapes if s in set(fused)) == sorted(fused)   # every group once, in one forward
+    assert members and not [s for s in shapes if s in members]
+
+
+def test_engines_sharing_a_model_share_its_groups_and_rebuild_them_after_moving_weights():
+    """An engine that did not ask for grouping, on a model another engine grouped, still frees and rebuilds the
+    fused tensors when it moves the weights (its release and resume on a GPU)."""
+    model = _model(TINY)
+    first = EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", group_projections=True))
+    second = EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", group_projections=False))
+    assert second.projection_groups is first.projection_groups and len(second.projection_groups) > 0
+    before = _logits(model)
+    old = [g.weight for g in first.projection_groups.groups]
+    second._move_weights(torch.device("cpu"))   # every parameter copied on its own, then the groups rebuilt
+    for g, previous in zip(first.projection_groups.groups, old):
+        assert g.weight.data_ptr() != previous.data_ptr() and g.fused()
     for x, y in zip(before, _logits(model)):
-        torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
-    assert 0 < counter.frame_count <= 24, counter.frame_count
-    frames = counter.frame_count
-    _logits(model, seed=1)   # the same shapes again, other values: nothing new to compile, in any layer
-    assert counter.frame_count == frames
-    uncompile_blocks(model)
-    assert rope_module.apply_rotary_pos_emb is original
-    mlp = model.model.layers[0].mlp
-    assert mlp.forward.__func__.__name__ == "_grouped_mlp_forward"
-    groups.undo()
-    assert not any("forward" in m.__dict__ for m in model.modules())
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    first.projection_groups.undo()
+    third = EmbeddedEngine(model, EmbeddedEngineConfig(decode="slots", group_projections=False))
+    assert third.projection_groups is None and not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_threads_projecting_different_inputs_never_get_each_others_outputs():
