@@ -81,8 +81,9 @@ class RecipeConfig:
     rft_targets: int = 2               # targets per prompt, drawn across clusters
     rft_prompts: int | None = None     # None: every training prompt
     rft_temperature: float = 1.0
-    # RFT fine-tunes on its drawn targets together with the teacher rows (replay): on its targets alone (17 rows of
-    # 12 prompts in the 2026-12-04 run) the SFT model drifted toward those prompts and lost a held-out task
+    # RFT fine-tunes on its drawn targets together with the SFT run's data, teacher rows and prompt variants
+    # (replay): on its targets alone (17 rows of 12 prompts in the 2026-12-04 run) the SFT model drifted toward
+    # those prompts and lost a held-out task
     rft_replay: bool = True
     rft: list[str] = dataclasses.field(default_factory=list)          # overrides of the RFT SFT run
     rl_config: str = "configs/recipe_cpu_rl.yaml"
@@ -388,7 +389,9 @@ def run_recipe(cfg: RecipeConfig) -> dict[str, Any]:
                                          *rc.verifier_args(device_workers=True)])
         if rft_info["targets"] == 0:
             raise StageFailed(f"RFT drew no target (no verified sample): {rft_info}")
-        rft_data = [data / "sft.jsonl", data / "rft.jsonl"] if cfg.rft_replay else [data / "rft.jsonl"]
+        # replay is the SFT run's whole data mix (its prompt variants too: they are what taught the model to read
+        # the op; without them one RFT epoch at the SFT's floor lr cost a held-out chain task, session 42)
+        rft_data = sft_data + [data / "rft.jsonl"] if cfg.rft_replay else [data / "rft.jsonl"]
         exports["rft"] = rc.sft("rft", rft_data, exports["sft"], list(cfg.rft))
         summaries["rft"] = rc.evaluate("rft", exports["rft"], heldout)
     if cfg.stop_after not in ("init", "sft", "rft"):

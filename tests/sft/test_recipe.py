@@ -50,6 +50,9 @@ def test_reduced_recipe_orders_the_stages(tmp_path):
                for r in (work / "data" / "variants.jsonl").read_text().splitlines())
     sft_files = json.loads((work / "sft" / "summary.json").read_text())["data"]["files"]
     assert sft_files == {str(work / "data" / "sft.jsonl"): 6, str(work / "data" / "variants.jsonl"): variants["rows"]}
+    # RFT replays the SFT run's whole mix beside its own targets
+    rft_files = json.loads((work / "rft" / "summary.json").read_text())["data"]["files"]
+    assert rft_files == {**sft_files, str(work / "data" / "rft.jsonl"): rft["targets"]}
     table = (work / "recipe.md").read_text()
     assert all(f"| {s} | L1 |" in table for s in st)
 
