@@ -75,6 +75,24 @@ def model_flops(cfg, seq_lens, passes: float = 3.0) -> float:
     return dense + attn + gdn
 
 
+def copy_bandwidth(device) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write of a 2 GiB buffer, 10 copies after one warm-up):
+    the attainable memory bandwidth that decode-step limits are computed against."""
+    import time
+
+    import torch
+
+    x = torch.empty(2 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
 def emit_json(result, out: str | None, **dumps_kwargs) -> str:
     """Print the run's JSON and, with ``out``, write it there atomically (parent dirs created)."""
     from megatron_rl.fsutil import write_text_atomic

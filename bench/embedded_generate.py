@@ -39,7 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import emit_json  # noqa: E402
+from bench.common import copy_bandwidth, emit_json  # noqa: E402
 from megatron_rl.fsutil import write_text_atomic  # noqa: E402
 from bench.sync_8b import SHAPES, hf_config_dict  # noqa: E402  (the sync benchmark's shapes and HF config)
 
@@ -261,18 +261,7 @@ def hf_generate_levels(model, cfg, args, levels: list[int], device) -> dict:
 def bandwidth_limit(model, cfg, args, levels: list[int], device) -> dict:
     """Measured copy bandwidth, and per level the tokens/s of a decode step that only reads the weights once and
     each request's K/V (attention layers) at the run's mean context length."""
-    import torch
-
-    x = torch.empty(2 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    y.copy_(x)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    bw = 2 * x.numel() * 10 / (time.perf_counter() - t)   # read + write
-    del x, y
+    bw = copy_bandwidth(device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     c = model.config
     attn_layers = sum(t == "full_attention" for t in (getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers))

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # megatron_rl, for emit_json
 
-from common import QWEN3_5_SHAPES, QWEN3_SHAPES, emit_json
+from common import QWEN3_5_SHAPES, QWEN3_SHAPES, copy_bandwidth, emit_json
 
 
 def layer_groups(shape: str) -> list[list[list[tuple[int, int]]]]:
@@ -41,21 +41,6 @@ def layer_groups(shape: str) -> list[list[list[tuple[int, int]]]]:
     gated_attention = [[(h, 2 * q), (h, kv), (h, kv)], [(q, h)]] + mlp
     gdn = [[(h, 2 * nk * dk + nv * dv), (h, nv * dv), (h, nv), (h, nv)], [(nv * dv, h)]] + mlp
     return [gated_attention if (i + 1) % 4 == 0 else gdn for i in range(s["num_hidden_layers"])]
-
-
-def copy_bandwidth(device) -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        y.copy_(x)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * 10 * x.numel() / (start.elapsed_time(end) / 1e3)
 
 
 def graph_ms(fn, repeats: int) -> float:
