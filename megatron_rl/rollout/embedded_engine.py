@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .sampling import RequestSampling, request_uniforms, sample, seed_tensor, unfiltered
-from .grouped_projections import ProjectionGroups, group_projections
+from .grouped_projections import ProjectionGroups, group_projections, grouped
 from .slot_decode import SlotDecoder, compile_blocks, slot_compatible, supports_slots, use_decode_attention
 
 log = logging.getLogger(__name__)
@@ -221,17 +221,15 @@ class EmbeddedEngine:
         if self.config.compile_decode and "linear_attention" in (getattr(model.config, "layer_types", None) or ()):
             # on the CPU, inductor's code for the compiled GDN step corrupted the heap; never tried on a GPU
             raise ValueError("compile_decode supports attention-only models; this one has Gated DeltaNet layers")
-        self.projection_groups: ProjectionGroups | None = None
         group = self.config.group_projections
         if group and self.config.compile_decode:
             raise ValueError("group_projections and compile_decode do not go together: the grouped projections' "
                              "per-input cache breaks the compiled step's graph at every layer")
-        if group or (group is None and self.device.type == "cuda" and not self.config.compile_decode):
-            self.projection_groups = group_projections(model)   # before compile_blocks: it compiles grouped MLPs
-        elif model.__dict__.get("_megatron_rl_projection_groups"):
-            # another engine grouped this model: it stays grouped, and this engine's release and resume must free
-            # and rebuild the same fused tensors
-            self.projection_groups = group_projections(model)
+        if group is None:
+            group = self.device.type == "cuda" and not self.config.compile_decode
+        # before compile_blocks (it compiles grouped MLPs). A model another engine grouped stays grouped whatever
+        # this engine asked: its release and resume must free and rebuild the same fused tensors
+        self.projection_groups: ProjectionGroups | None = group_projections(model) if group else grouped(model)
         self.compiled_blocks = 0
         if self.config.compile_blocks and self.device.type == "cuda" and not self.config.compile_decode:
             self.compiled_blocks = compile_blocks(model)

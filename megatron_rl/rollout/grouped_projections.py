@@ -222,12 +222,18 @@ class ProjectionGroups:
         self.model.__dict__.pop("_megatron_rl_projection_groups", None)
 
 
+def grouped(model: torch.nn.Module) -> ProjectionGroups | None:
+    """The handle of `model`'s fused projections, or None when it has none (never grouped, or undone)."""
+    handle = model.__dict__.get("_megatron_rl_projection_groups")
+    return handle if handle else None
+
+
 def group_projections(model: torch.nn.Module) -> ProjectionGroups:
     """Fuse `model`'s sibling projections (see the module docstring); returns the handle that undoes it. A model
     already grouped returns its handle: engines sharing one model share it, so any of them releases and rebuilds
     the same fused tensors."""
-    handle = model.__dict__.get("_megatron_rl_projection_groups")
-    if handle is None or not handle.groups:
+    handle = grouped(model)
+    if handle is None:
         handle = ProjectionGroups(model)
         model._megatron_rl_projection_groups = handle
     return handle
