@@ -11,6 +11,11 @@ logprob difference over all generated tokens (issue goal for the hybrid: mean <=
 report 0.012-0.017 on Qwen3.5-27B). The weights are random, not a trained model: a trained model's peaked
 distributions change the figure, so this measures the two stacks' numerics, not a release's.
 
+``--reference`` scores the sampled sequences once more with the checkpoint in fp32 (transformers, one full forward)
+and reports each side's distance from that reference: the engine's rollout logprobs, the actor's, and transformers'
+own bf16 full forward with its logits rounded to bf16 (as `lm_head` returns them) and kept in fp32 (the same bf16
+GEMM, fp32 output). That says which side carries the error and how much of it the logits' bf16 rounding is.
+
 ``--split`` adds, per architecture, where a difference can come from inside transformers alone (the library
 the embedded engine runs): the same checkpoint in bf16 samples with its KV/GDN cache (the decode path), then
 scores the sequences in one full forward (the prefill path, like the trainer); the mean difference of the two
@@ -82,6 +87,55 @@ def decode_vs_prefill(path: str, samples: int, max_new: int, seed: int = 0) -> d
             "tokens": int(diff.numel())}
 
 
+def reference_errors(path: str, sequences: list[dict]) -> dict:
+    """Each side's mean/max abs distance, on the sampled tokens, from an fp32 full forward of the same checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def score(model, logits_fp32: bool) -> list[torch.Tensor]:
+        out = []
+        with torch.no_grad():
+            for s in sequences:
+                ids = torch.tensor([s["prompt"] + s["tokens"]], device=device)
+                hidden = model.model(ids).last_hidden_state[0, len(s["prompt"]) - 1:-1]
+                w = model.lm_head.weight
+                if logits_fp32 and w.dtype != torch.float32:
+                    logits = (torch.mm(hidden, w.t(), out_dtype=torch.float32) if device == "cuda"
+                              else hidden.float() @ w.float().t())
+                else:
+                    logits = model.lm_head(hidden).float()
+                new = torch.tensor(s["tokens"], device=device)
+                out.append(logits.log_softmax(-1).gather(-1, new[:, None])[:, 0].double().cpu())
+        return out
+
+    def load(dtype):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+
+    model = load(torch.float32)
+    ref = score(model, logits_fp32=True)
+    del model
+    model = load(torch.bfloat16)
+    hf_bf16 = score(model, logits_fp32=False)
+    hf_bf16_fp32_logits = score(model, logits_fp32=True)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    def dist(side: list[torch.Tensor]) -> dict:
+        d = torch.cat([(a - r).abs() for a, r in zip(side, ref)])
+        return {"mean_abs": float(f"{d.mean().item():.4g}"), "max_abs": float(f"{d.max().item():.4g}")}
+
+    def as_tensors(key: str) -> list[torch.Tensor]:
+        return [torch.tensor(s[key], dtype=torch.float64) for s in sequences]
+
+    ref_lp = torch.cat(ref)
+    return {"engine_vs_fp32": dist(as_tensors("engine_logprobs")), "actor_vs_fp32": dist(as_tensors("actor_logprobs")),
+            "hf_bf16_forward_vs_fp32": dist(hf_bf16), "hf_bf16_forward_fp32_logits_vs_fp32": dist(hf_bf16_fp32_logits),
+            "mean_token_prob_fp32": round(ref_lp.exp().mean().item(), 5), "tokens": int(ref_lp.numel())}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=8)
@@ -91,6 +145,8 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="CPU smoke run (fp32 tiny models, no checkpoint writing)")
     p.add_argument("--split", action="store_true",
                    help="also measure transformers' cached decode against its own full forward (see the docstring)")
+    p.add_argument("--reference", action="store_true",
+                   help="also score the sampled tokens with the checkpoint in fp32 and report each side's error")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch
@@ -107,10 +163,13 @@ def main() -> int:
             model = None if args.tiny else write_checkpoint(os.path.join(work, "hf"), arch, args.layers)
             write_s = time.perf_counter() - t
             r = run_check(tp=1, pp=1, model=model, arch=arch, dtype=result["dtype"], max_new_tokens=args.max_new,
-                          samples=args.samples, workdir=work)
+                          samples=args.samples, workdir=work, keep_sequences=args.reference)
             result["runs"][arch] = {k: r[k] for k in ("max_abs_logprob_diff", "mean_abs_logprob_diff", "tokens",
                                                        "sync_seconds", "model_type")}
             result["runs"][arch]["checkpoint_write_s"] = round(write_s, 1)
+            if args.reference:
+                result["runs"][arch]["fp32_reference"] = reference_errors(model or os.path.join(work, f"tiny-{arch}"),
+                                                                          r["sequences"])
             if args.split and model is not None:
                 result["runs"][arch]["hf_decode_vs_prefill"] = decode_vs_prefill(model, args.samples, args.max_new)
             print(arch, result["runs"][arch], file=sys.stderr, flush=True)

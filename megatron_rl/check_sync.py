@@ -59,6 +59,7 @@ class CheckArgs:
     result_path: str
     sglang_native: bool = False
     samples: int = 1  # sequences sampled (concurrently) from the engine and compared
+    keep_sequences: bool = False  # also return each sequence's tokens and both sides' logprobs
 
 
 def write_tiny_model(path: str, seed: int = 0, arch: str = "qwen3", **overrides) -> str:
@@ -131,9 +132,12 @@ def _rank_main(a: CheckArgs) -> None:
         dist.broadcast_object_list(gen, src=0)
         token_lists, engine_lps, served_version = gen[0]
         batch = [TrainSample(tokens=p + t, loss_mask=[0] * len(p) + [1] * len(t)) for p, t in zip(prompts, token_lists)]
-        diffs = []
-        for p, lps, e_lps in zip(prompts, actor.compute_logprobs(batch), engine_lps):
-            diffs += [abs(float(x) - float(y)) for x, y in zip(lps[len(p):].tolist(), e_lps)]
+        diffs, sequences = [], []
+        for p, t, lps, e_lps in zip(prompts, token_lists, actor.compute_logprobs(batch), engine_lps):
+            actor_lps = lps[len(p):].tolist()
+            diffs += [abs(float(x) - float(y)) for x, y in zip(actor_lps, e_lps)]
+            sequences.append({"prompt": list(p), "tokens": list(t), "engine_logprobs": [float(x) for x in e_lps],
+                              "actor_logprobs": actor_lps})
         tokens = [t for ts in token_lists for t in ts]
         # max() skips a NaN that is not first: a NaN logprob on either side must fail the check, not vanish
         finite = all(math.isfinite(x) for x in diffs)
@@ -144,6 +148,8 @@ def _rank_main(a: CheckArgs) -> None:
                    "served_weight_version": served_version, "sync_seconds": round(report.seconds, 4),
                    "tokens": len(tokens), "samples": a.samples, "tp": a.tp, "pp": a.pp, "transport": a.transport, "dtype": a.dtype,
                    "sync": report.to_json()}
+            if a.keep_sequences:
+                out["sequences"] = sequences
             write_text_atomic(a.result_path, json.dumps(out))
     finally:
         sync.close()
@@ -153,8 +159,10 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
               transport: str = "colocated",
               dtype: str = "float32", engine_url: str | None = None, max_new_tokens: int = 24, seed: int = 0,
               workdir: str | None = None, sglang_args: dict | None = None, engine_device: str = "auto",
-              samples: int = 1) -> dict:
-    """Library entry of the CLI: returns the result dict (raises on errors)."""
+              samples: int = 1, keep_sequences: bool = False) -> dict:
+    """Library entry of the CLI: returns the result dict (raises on errors). ``keep_sequences`` adds
+    ``sequences``: per sampled sequence its prompt, tokens and the engine's and the actor's logprobs (for
+    analyses such as ``bench/logprob_mismatch.py --reference``)."""
     if tp < 1 or pp < 1:
         raise ValueError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")
     if max_new_tokens < 1:
@@ -172,7 +180,8 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
     try:
         result = _check_in(work, started, tp=tp, pp=pp, model=model, arch=arch, engine=engine, transport=transport,
                            dtype=dtype, engine_url=engine_url, max_new_tokens=max_new_tokens, seed=seed,
-                           sglang_args=sglang_args, engine_device=engine_device, samples=samples)
+                           sglang_args=sglang_args, engine_device=engine_device, samples=samples,
+                           keep_sequences=keep_sequences)
     except BaseException:
         keep = workdir is None and bool(started)
         if keep:
@@ -186,7 +195,7 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
 
 def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | None, arch: str, engine: str,
               transport: str, dtype: str, engine_url: str | None, max_new_tokens: int, seed: int,
-              sglang_args: dict | None, engine_device: str, samples: int) -> dict:
+              sglang_args: dict | None, engine_device: str, samples: int, keep_sequences: bool) -> dict:
     from megatron_rl.parallel import spawn
     from megatron_rl.rollout.sglang_engine import SGLangServerConfig, ServerProcess
 
@@ -221,7 +230,7 @@ def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | 
         result_path = os.path.join(work, "result.json")
         a = CheckArgs(tp=tp, pp=pp, hf_dir=hf_dir, engine_url=engine_url, transport=transport, dtype=dtype,
                       prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, result_path=result_path,
-                      sglang_native=(engine == "sglang"), samples=samples)
+                      sglang_native=(engine == "sglang"), samples=samples, keep_sequences=keep_sequences)
         spawn(_rank_main, tp * pp, a)
         with open(result_path) as f:
             return json.load(f)
