@@ -16,6 +16,10 @@ and reports each side's distance from that reference: the engine's rollout logpr
 own bf16 full forward with its logits rounded to bf16 (as `lm_head` returns them) and kept in fp32 (the same bf16
 GEMM, fp32 output). That says which side carries the error and how much of it the logits' bf16 rounding is.
 
+By default both sides keep the LM head's fp32 output (``actor.fp32_lm_head``, the engine's ``--enable-fp32-lm-head``);
+``--compare-lm-head`` runs the check a second time with logits rounded to bf16 on both sides. ``--lm-head-scale``
+multiplies the random LM head so that logits reach a trained model's magnitude, where that rounding matters.
+
 ``--split`` adds, per architecture, where a difference can come from inside transformers alone (the library
 the embedded engine runs): the same checkpoint in bf16 samples with its KV/GDN cache (the decode path), then
 scores the sequences in one full forward (the prefill path, like the trainer); the mean difference of the two
@@ -35,7 +39,7 @@ sys.path.insert(0, ROOT)
 from bench.common import QWEN3_5_SHAPES, QWEN3_SHAPES, emit_json  # noqa: E402
 
 
-def write_checkpoint(path: str, arch: str, layers: int) -> str:
+def write_checkpoint(path: str, arch: str, layers: int, lm_head_scale: float = 1.0) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -53,6 +57,9 @@ def write_checkpoint(path: str, arch: str, layers: int) -> str:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    if lm_head_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(lm_head_scale)
     model.save_pretrained(path)
     del model
     if device == "cuda":
@@ -92,6 +99,8 @@ def reference_errors(path: str, sequences: list[dict]) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from megatron_rl.models.fp32_logits import fp32_output_linear
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     def score(model, logits_fp32: bool) -> list[torch.Tensor]:
@@ -100,12 +109,8 @@ def reference_errors(path: str, sequences: list[dict]) -> dict:
             for s in sequences:
                 ids = torch.tensor([s["prompt"] + s["tokens"]], device=device)
                 hidden = model.model(ids).last_hidden_state[0, len(s["prompt"]) - 1:-1]
-                w = model.lm_head.weight
-                if logits_fp32 and w.dtype != torch.float32:
-                    logits = (torch.mm(hidden, w.t(), out_dtype=torch.float32) if device == "cuda"
-                              else hidden.float() @ w.float().t())
-                else:
-                    logits = model.lm_head(hidden).float()
+                logits = (fp32_output_linear(hidden, model.lm_head.weight) if logits_fp32
+                          else model.lm_head(hidden).float())
                 new = torch.tensor(s["tokens"], device=device)
                 out.append(logits.log_softmax(-1).gather(-1, new[:, None])[:, 0].double().cpu())
         return out
@@ -145,8 +150,13 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="CPU smoke run (fp32 tiny models, no checkpoint writing)")
     p.add_argument("--split", action="store_true",
                    help="also measure transformers' cached decode against its own full forward (see the docstring)")
+    p.add_argument("--lm-head-scale", type=float, default=1.0,
+                   help="multiply the random lm_head by this: logits of a trained model's magnitude (HF init gives "
+                        "a std of ~1.3 and near-uniform next-token distributions; a released model's reach 20-30)")
     p.add_argument("--reference", action="store_true",
                    help="also score the sampled tokens with the checkpoint in fp32 and report each side's error")
+    p.add_argument("--compare-lm-head", action="store_true",
+                   help="run the check twice: fp32 logits on both sides (the default) and bf16-rounded logits")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     import torch
@@ -156,16 +166,23 @@ def main() -> int:
     result = {"bench": "logprob_mismatch", "layers": args.layers, "samples": args.samples,
               "max_new_tokens": args.max_new, "dtype": "float32" if args.tiny else "bfloat16",
               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "weights": "random (HF default init)", "runs": {}}
+              "weights": "random (HF default init)" + (f", lm_head x {args.lm_head_scale:g}"
+                                                       if args.lm_head_scale != 1.0 else ""), "runs": {}}
     for arch in args.archs.split(","):
         with tempfile.TemporaryDirectory(prefix=f"mismatch-{arch}-") as work:
             t = time.perf_counter()
-            model = None if args.tiny else write_checkpoint(os.path.join(work, "hf"), arch, args.layers)
+            model = None if args.tiny else write_checkpoint(os.path.join(work, "hf"), arch, args.layers,
+                                                                 args.lm_head_scale)
             write_s = time.perf_counter() - t
             r = run_check(tp=1, pp=1, model=model, arch=arch, dtype=result["dtype"], max_new_tokens=args.max_new,
                           samples=args.samples, workdir=work, keep_sequences=args.reference)
             result["runs"][arch] = {k: r[k] for k in ("max_abs_logprob_diff", "mean_abs_logprob_diff", "tokens",
                                                        "sync_seconds", "model_type")}
+            if args.compare_lm_head:   # the same check with logits rounded to bf16 on both sides (the old default)
+                b = run_check(tp=1, pp=1, model=model, arch=arch, dtype=result["dtype"], max_new_tokens=args.max_new,
+                              samples=args.samples, workdir=work, fp32_lm_head=False)
+                result["runs"][arch]["bf16_lm_head"] = {k: b[k] for k in ("max_abs_logprob_diff",
+                                                                          "mean_abs_logprob_diff", "tokens")}
             result["runs"][arch]["checkpoint_write_s"] = round(write_s, 1)
             if args.reference:
                 result["runs"][arch]["fp32_reference"] = reference_errors(model or os.path.join(work, f"tiny-{arch}"),

@@ -60,6 +60,7 @@ class CheckArgs:
     sglang_native: bool = False
     samples: int = 1  # sequences sampled (concurrently) from the engine and compared
     keep_sequences: bool = False  # also return each sequence's tokens and both sides' logprobs
+    fp32_lm_head: bool = True     # the actor's logits as fp32 GEMM output (the engine is launched to match)
 
 
 def write_tiny_model(path: str, seed: int = 0, arch: str = "qwen3", **overrides) -> str:
@@ -107,7 +108,7 @@ def _rank_main(a: CheckArgs) -> None:
 
     info = init_parallel(a.tp, a.pp)
     hf_config = AutoConfig.from_pretrained(a.hf_dir)
-    actor = MegatronActor(ActorConfig(tp=a.tp, pp=a.pp, params_dtype=a.dtype), hf_config)
+    actor = MegatronActor(ActorConfig(tp=a.tp, pp=a.pp, params_dtype=a.dtype, fp32_lm_head=a.fp32_lm_head), hf_config)
     actor.load_hf(a.hf_dir)
     manager = EngineManager([HttpEngine(a.engine_url, name="engine")]) if info.rank == 0 else None
     sync = WeightSync.for_actor(actor, manager, WeightSyncConfig(transport=a.transport, sglang_native=a.sglang_native))
@@ -159,10 +160,11 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
               transport: str = "colocated",
               dtype: str = "float32", engine_url: str | None = None, max_new_tokens: int = 24, seed: int = 0,
               workdir: str | None = None, sglang_args: dict | None = None, engine_device: str = "auto",
-              samples: int = 1, keep_sequences: bool = False) -> dict:
+              samples: int = 1, keep_sequences: bool = False, fp32_lm_head: bool = True) -> dict:
     """Library entry of the CLI: returns the result dict (raises on errors). ``keep_sequences`` adds
     ``sequences``: per sampled sequence its prompt, tokens and the engine's and the actor's logprobs (for
-    analyses such as ``bench/logprob_mismatch.py --reference``)."""
+    analyses such as ``bench/logprob_mismatch.py --reference``). ``fp32_lm_head`` is the actor's setting of that
+    name; a launched engine gets the same (a running ``engine_url`` is taken as it is)."""
     if tp < 1 or pp < 1:
         raise ValueError(f"--tp and --pp must be >= 1, got tp={tp} pp={pp}")
     if max_new_tokens < 1:
@@ -181,7 +183,7 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
         result = _check_in(work, started, tp=tp, pp=pp, model=model, arch=arch, engine=engine, transport=transport,
                            dtype=dtype, engine_url=engine_url, max_new_tokens=max_new_tokens, seed=seed,
                            sglang_args=sglang_args, engine_device=engine_device, samples=samples,
-                           keep_sequences=keep_sequences)
+                           keep_sequences=keep_sequences, fp32_lm_head=fp32_lm_head)
     except BaseException:
         keep = workdir is None and bool(started)
         if keep:
@@ -195,7 +197,8 @@ def run_check(*, tp: int, pp: int, model: str | None, arch: str = "qwen3_5", eng
 
 def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | None, arch: str, engine: str,
               transport: str, dtype: str, engine_url: str | None, max_new_tokens: int, seed: int,
-              sglang_args: dict | None, engine_device: str, samples: int, keep_sequences: bool) -> dict:
+              sglang_args: dict | None, engine_device: str, samples: int, keep_sequences: bool,
+              fp32_lm_head: bool) -> dict:
     from megatron_rl.parallel import spawn
     from megatron_rl.rollout.sglang_engine import SGLangServerConfig, ServerProcess
 
@@ -217,20 +220,23 @@ def _check_in(work: str, started: list[bool], *, tp: int, pp: int, model: str | 
         if engine == "embedded":
             # a different random init of the same config: a weight the sync misses shows in the logprobs
             args: dict[str, Any] = {"device": engine_device, "dtype": dtype,
-                                    "hf_config": os.path.join(hf_dir, "config.json"), "init_seed": seed + 1}
+                                    "hf_config": os.path.join(hf_dir, "config.json"), "init_seed": seed + 1,
+                                    "enable_fp32_lm_head": fp32_lm_head}
             cfg = SGLangServerConfig(model_path=None, launch_module="megatron_rl.rollout.embedded_server",
                                      server_args=args, log_dir=work, watchdog_interval_s=None, health_poll_s=0.25)
         else:
             gpu = {} if engine_device == "auto" else {"base_gpu_id": int(engine_device.split(":")[-1])}
             cfg = SGLangServerConfig(model_path=hf_dir, log_dir=work, watchdog_interval_s=None, **gpu,
-                                     server_args={"skip_tokenizer_init": True, "dtype": dtype, **(sglang_args or {})})
+                                     server_args={"skip_tokenizer_init": True, "dtype": dtype,
+                                                  "enable_fp32_lm_head": fp32_lm_head, **(sglang_args or {})})
         server = ServerProcess(cfg)
         engine_url = server.start()
     try:
         result_path = os.path.join(work, "result.json")
         a = CheckArgs(tp=tp, pp=pp, hf_dir=hf_dir, engine_url=engine_url, transport=transport, dtype=dtype,
                       prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, result_path=result_path,
-                      sglang_native=(engine == "sglang"), samples=samples, keep_sequences=keep_sequences)
+                      sglang_native=(engine == "sglang"), samples=samples, keep_sequences=keep_sequences,
+                      fp32_lm_head=fp32_lm_head)
         spawn(_rank_main, tp * pp, a)
         with open(result_path) as f:
             return json.load(f)
@@ -258,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--samples", type=int, default=1, help="sequences sampled concurrently and compared")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16-lm-head", action="store_true",
+                   help="round logits to the model's dtype on both sides (default: fp32 logits, as actor.fp32_lm_head)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     tol = args.tolerance if args.tolerance is not None else (1e-3 if args.dtype == "float32" else 5e-2)
@@ -267,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_check(tp=args.tp, pp=args.pp, model=args.model, arch=args.arch, engine=args.engine,
                            transport=args.transport,
                            dtype=args.dtype, engine_url=args.engine_url, max_new_tokens=args.max_new_tokens,
-                           seed=args.seed, engine_device=args.engine_device, samples=args.samples)
+                           seed=args.seed, engine_device=args.engine_device, samples=args.samples,
+                           fp32_lm_head=not args.bf16_lm_head)
     except (ValueError, ServerLaunchError) as e:  # bad input found before the ranks start; the engine's log tail
         return _fail(str(e), args.json)
     except Exception as e:  # noqa: BLE001 - a rank or the engine failed: the last line says why, the log says where

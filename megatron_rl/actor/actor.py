@@ -65,6 +65,10 @@ class ActorConfig(optim.OptimSettings):
     # (saves re-running the output layer, ~7% of an 8B-shaped step's FLOPs; costs chunk x vocab x 8 bytes
     # per chunk of a micro-batch)
     recompute_logprob_chunks: bool = True
+    # logits as the output GEMM's fp32 result instead of its bf16 rounding (no effect in fp32). The rollout engines
+    # get the same setting (SGLang's enable_fp32_lm_head): the train-vs-rollout logprob mismatch of a trained model
+    # comes largely from the two sides rounding logits of magnitude 20-30 to bf16 (`megatron_rl.models.fp32_logits`)
+    fp32_lm_head: bool = True
     loss_aggregation: str = "token_mean"       # token_mean | seq_mean
     mini_batches: int = 1                      # optimizer steps per RL rollout batch (PPO mini-batches)
     # memory
@@ -288,7 +292,8 @@ class MegatronActor:
         rows = "trained" if trained_only else "all"
         mbs = [pack_micro_batch(samples, idx, rows=rows, pad_multiple=self._pad_multiple).to(self.device)
                for idx in plan.for_rank(self.dp_rank)]
-        spec = ForwardSpec(self.vocab_size, self.cfg.logprob_chunk_size, with_entropy, self.packed_mode)
+        spec = ForwardSpec(self.vocab_size, self.cfg.logprob_chunk_size, with_entropy, self.packed_mode,
+                           fp32_logits=self.cfg.fp32_lm_head)
 
         def on_output(mb, output, non_loss_data=False):
             return mb, output.detach().float()
@@ -339,7 +344,8 @@ class MegatronActor:
                                 pad_multiple=self._pad_multiple).to(self.device)
                for idx in plan.for_rank(self.dp_rank)]
         spec = ForwardSpec(self.vocab_size, self.cfg.logprob_chunk_size, bool(loss_fn.needs_entropy),
-                           self.packed_mode, recompute_chunks=self.cfg.recompute_logprob_chunks)
+                           self.packed_mode, recompute_chunks=self.cfg.recompute_logprob_chunks,
+                           fp32_logits=self.cfg.fp32_lm_head)
 
         def on_output(mb, output, non_loss_data=False):
             ctx = LossContext(

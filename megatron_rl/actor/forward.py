@@ -91,6 +91,7 @@ class ForwardSpec:
     with_entropy: bool
     packed_mode: PackedMode = "mask"
     recompute_chunks: bool = True    # activation-checkpoint each output-layer chunk in training
+    fp32_logits: bool = False        # the output GEMM's fp32 result, not its bf16 rounding (ActorConfig.fp32_lm_head)
 
 
 OutputHandler = Callable[..., object]
@@ -104,7 +105,7 @@ def make_forward_step(spec: ForwardSpec, on_output: OutputHandler):
         mb: MicroBatch = next(data_iterator)
         req = LogprobRequest(rows=mb.rows, labels=mb.row_labels, vocab_size=spec.vocab_size,
                              chunk_size=spec.chunk_size, with_entropy=spec.with_entropy,
-                             recompute=spec.recompute_chunks)
+                             recompute=spec.recompute_chunks, fp32_logits=spec.fp32_logits)
         if spec.packed_mode == "thd":
             mask, extra, rope_ctx = None, {"packed_seq_params": thd_packed_seq_params(mb)}, \
                 contextlib.nullcontext()

@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from megatron_rl.models.fp32_logits import fp32_output_linear
+
 # exp(MASKED - max) underflows to exactly 0 in fp32, and 0 * MASKED stays finite (unlike -inf).
 _MASKED_LOGIT = -1.0e9
 
@@ -40,6 +42,7 @@ class LogprobRequest:
     chunk_size: int = 4096
     with_entropy: bool = False
     recompute: bool = True           # in training: checkpoint each chunk (recompute its logits in backward)
+    fp32_logits: bool = False        # keep the output GEMM's fp32 result (`megatron_rl.models.fp32_logits`)
 
 
 def vocab_parallel_entropy(logits: Tensor, tp_group) -> Tensor:
@@ -102,14 +105,28 @@ def _plain_output_layer(output_layer):
             setattr(output_layer, k, v)
 
 
+def _output_logits(hidden: Tensor, weight: Tensor | None, output_layer, fp32: bool) -> Tensor:
+    """This rank's vocab shard of the logits of [c, 1, h] hidden rows, as the output layer computes them, or with
+    ``fp32`` the same GEMM's fp32 result (the layer has no bias; its input enters the TP region as it does)."""
+    if not fp32 or getattr(output_layer, "bias", None) is not None:
+        with _plain_output_layer(output_layer):
+            logits, _ = output_layer(hidden, weight=weight, runtime_gather_output=False)
+        return logits
+    from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+
+    tp_group = output_layer.tp_group
+    if tp_group is not None and tp_group.size() > 1:
+        hidden = copy_to_tensor_model_parallel_region(hidden, group=tp_group)
+    return fp32_output_linear(hidden, weight if weight is not None else output_layer.weight)
+
+
 def _chunk_logprob_entropy(hidden: Tensor, labels: Tensor, weight: Tensor | None, output_layer,
-                           vocab_size: int, with_entropy: bool) -> Tensor:
+                           vocab_size: int, with_entropy: bool, fp32_logits: bool = False) -> Tensor:
     """[c, 1, h] hidden rows -> [c, 1 or 2] (logprob, entropy)."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     tp_group = output_layer.tp_group
-    with _plain_output_layer(output_layer):
-        logits, _ = output_layer(hidden, weight=weight, runtime_gather_output=False)
+    logits = _output_logits(hidden, weight, output_layer, fp32_logits)
     logits = _mask_padded_vocab(logits.float(), vocab_size, tp_group)  # [c, 1, V/tp]
     cols = []
     if with_entropy:
@@ -150,9 +167,10 @@ def chunked_logprobs(hidden_states: Tensor, output_layer, output_weight: Tensor 
         lab = req.labels[a:a + chunk]
         if torch.is_grad_enabled() and req.recompute:
             out = checkpoint(_chunk_logprob_entropy, h, lab, weight, output_layer, req.vocab_size,
-                             req.with_entropy, use_reentrant=False)
+                             req.with_entropy, req.fp32_logits, use_reentrant=False)
         else:
-            out = _chunk_logprob_entropy(h, lab, weight, output_layer, req.vocab_size, req.with_entropy)
+            out = _chunk_logprob_entropy(h, lab, weight, output_layer, req.vocab_size, req.with_entropy,
+                                         req.fp32_logits)
         outs.append(out)
     return torch.cat(outs, dim=0)
 

@@ -175,7 +175,8 @@ class RolloutManager:
         if r.engine == "sglang":
             cfgs = [SGLangServerConfig(model_path=self.model_dir, tp_size=r.gpus_per_engine, log_dir=log_dir,
                                        enable_memory_saver=self.cfg.cluster.placement == "colocated",
-                                       startup_timeout_s=r.startup_timeout_s, server_args=dict(r.sglang))
+                                       startup_timeout_s=r.startup_timeout_s,
+                                       server_args={**self._numerics_args(), **dict(r.sglang)})
                     for _ in range(r.num_engines)]
             engines = launch_sglang_engines(cfgs)
             return EngineManager(engines)
@@ -189,7 +190,7 @@ class RolloutManager:
                 skip_server_warmup=False,
                 cuda_visible_devices=str(gpu) if gpu is not None else ("" if not self.use_gpu else None),
                 server_args={"dtype": r.engine_dtype, "device": "cuda" if self.use_gpu else "cpu",
-                             "random_seed": self.cfg.seed, **dict(r.sglang)},
+                             "random_seed": self.cfg.seed, **self._numerics_args(), **dict(r.sglang)},
                 env={"OMP_NUM_THREADS": "1"} if not self.use_gpu else {})
             server = ServerProcess(scfg)
             url = server.start()
@@ -197,6 +198,10 @@ class RolloutManager:
             self._servers[name] = server
             engines.append(HttpEngine(url, name=name, launcher=ProcessLauncher(server)))
         return EngineManager(engines)
+
+    def _numerics_args(self) -> dict[str, Any]:
+        """Server args that make the engines compute logits as the actor does (its config owns the choice)."""
+        return {"enable_fp32_lm_head": True} if self.cfg.actor.fp32_lm_head else {}
 
     # ---- queries used by the trainer
     def engine_endpoints(self) -> list[tuple[str, str]]:

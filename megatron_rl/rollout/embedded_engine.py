@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from megatron_rl.models.fp32_logits import use_fp32_lm_head
+
 from .sampling import RequestSampling, request_uniforms, sample, seed_tensor, unfiltered
 from .grouped_projections import ProjectionGroups, group_projections, grouped
 from .slot_decode import SlotDecoder, compile_blocks, slot_compatible, supports_slots, use_decode_attention
@@ -93,6 +95,9 @@ class EmbeddedEngineConfig:
     # step k has computed one more row-step, discarded. Steps over requests with top-k/top-p filters, which
     # sample on the host from the step's logits, run one at a time
     overlap_decode: bool = True
+    # logits as the LM head GEMM's fp32 result, not its bf16 rounding (SGLang's enable_fp32_lm_head; the trainer
+    # sets it to the actor's fp32_lm_head so both sides compute the same numbers, `megatron_rl.models.fp32_logits`)
+    fp32_lm_head: bool = False
 
 
 @dataclasses.dataclass
@@ -215,6 +220,8 @@ class EmbeddedEngine:
         self._weight_version = str(self.config.weight_version)
         self._seed_rng = torch.Generator().manual_seed(self.config.seed) if self.config.seed is not None else None
         use_decode_attention(model)
+        if self.config.fp32_lm_head and not use_fp32_lm_head(model):
+            raise ValueError("fp32_lm_head: this model's output embedding is not a bias-free linear layer")
         why_not = supports_slots(model)
         if self.config.decode == "slots" and why_not:
             raise ValueError(f"decode='slots' cannot serve this model: {why_not}")

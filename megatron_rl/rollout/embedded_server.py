@@ -240,6 +240,7 @@ class EmbeddedServer:
             "engine": "embedded", "model_path": e.model_path, "device": str(e.device),
             "weight_version": e.weight_version, "paused": e.paused, "released": e.released_tags,
             "max_batch_size": e.config.max_batch_size, "context_length": e.context_length,
+            "enable_fp32_lm_head": e.config.fp32_lm_head,   # SGLang's server_info echoes its server args
             "weight_update_groups": sorted(self._groups), **e.load(), **e.decode_info(),
         })
 
@@ -615,6 +616,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="read each decode step's tokens back before launching the next (SGLang's flag); by default "
                         "the next step is launched first and the host's bookkeeping overlaps the device's step")
+    p.add_argument("--enable-fp32-lm-head", action="store_true",
+                   help="logits as the LM head GEMM's fp32 result instead of its bf16 rounding (SGLang's flag; the "
+                        "trainer passes the actor's fp32_lm_head)")
     p.add_argument("--kv-cache-fraction", type=float, default=0.6,
                    help="share of the device memory free at allocation that the slot cache may take")
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
@@ -688,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             cuda_graphs=not args.disable_cuda_graph, compile_decode=args.enable_torch_compile,
             compile_blocks=not args.disable_compiled_blocks, overlap_decode=not args.disable_overlap_schedule,
             group_projections=False if args.disable_grouped_projections else None,
+            fp32_lm_head=args.enable_fp32_lm_head,
             kv_cache_fraction=args.kv_cache_fraction,
             max_prefill_tokens=args.max_prefill_tokens,
         ), tokenizer=tok, model_path=args.model_path)

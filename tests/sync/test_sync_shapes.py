@@ -52,7 +52,7 @@ def _ranks(cases, workdir):
                 hf = json.load(f)
             model, _ = load_model(None, hf_config=hf, device=torch.device("cpu"), dtype=getattr(torch, case["dtype"]),
                                   init_seed=1)  # not the actor's weights: the sync has to move all of them
-            server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(gather_ms=0)))
+            server = EmbeddedServer(EmbeddedEngine(model, EmbeddedEngineConfig(gather_ms=0, fp32_lm_head=True)))
             url = server.start_in_thread()
         try:
             _rank_main(CheckArgs(tp=case["tp"], pp=case["pp"], hf_dir=case["hf_dir"], engine_url=url,
