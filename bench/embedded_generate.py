@@ -13,7 +13,8 @@ EngineClient. Side by side in the same run:
   attention it had before; ``+eager``: norm and MLP blocks not compiled (`compile_blocks` off); ``+compile``:
   torch.compile over the whole step instead of the blocks; ``+sync``: each step's tokens read back before the
   next step is launched (`overlap_decode` off, the engine before 2026-12-05); ``+ungrouped``: each projection
-  its own GEMM (`group_projections` off, the engine before 2026-12-06); ``dynamic``: the
+  its own GEMM (`group_projections` off, the engine before 2026-12-06); ``+fp32head``: logits as the LM head
+  GEMM's fp32 output (`fp32_lm_head`, what the trainer asks of its engines since 2026-12-06); ``dynamic``: the
   DynamicCache path this engine had before),
   the dynamic one only at ``--dynamic-levels`` (it is slow);
 * transformers' own ``generate`` on the same model with ``cache_implementation="static"`` (which compiles the
@@ -150,6 +151,7 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
     from megatron_rl.rollout.client import EngineClient
     from megatron_rl.rollout.embedded_engine import EmbeddedEngine, EmbeddedEngineConfig
     from megatron_rl.rollout.embedded_server import EmbeddedServer
+    from megatron_rl.models.fp32_logits import plain_lm_head
     from megatron_rl.rollout.slot_decode import uncompile_blocks
 
     from torch._dynamo.utils import counters
@@ -162,6 +164,7 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
                                                         cuda_graphs=not args.no_cuda_graphs,
                                                         overlap_decode="sync" not in variants,
                                                         group_projections=False if "ungrouped" in variants else None,
+                                                        fp32_lm_head="fp32head" in variants,
                                                         kv_cache_fraction=args.kv_cache_fraction))
     if "sdpa" in variants:   # the decode attention before flash varlen, for the comparison
         engine._slots.flash, engine._slots.flash_reason = False, "turned off by the benchmark (slots+sdpa)"
@@ -219,6 +222,7 @@ def engine_levels(model, cfg, args, decode: str, levels: list[int], device) -> d
         out["engine"] = engine.decode_info()
     finally:
         uncompile_blocks(model)   # the next engine or baseline starts from the model as loaded
+        plain_lm_head(model)
         if engine.projection_groups is not None:
             engine.projection_groups.undo()
         server.stop()
@@ -284,7 +288,7 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--decode", nargs="+", default=["slots", "dynamic"],
                    choices=("slots", "slots+sync", "slots+eager", "slots+sdpa", "slots+sdpa+eager", "slots+compile",
-                            "slots+compile+sync", "slots+sdpa+compile", "slots+ungrouped", "dynamic"),
+                            "slots+compile+sync", "slots+sdpa+compile", "slots+ungrouped", "slots+fp32head", "dynamic"),
                    help="slots[+sdpa][+compile] (see above), or the older dynamic path")
     p.add_argument("--dynamic-levels", type=int, nargs="*", default=[1, 16],
                    help="concurrency levels at which the (slow) dynamic path runs")

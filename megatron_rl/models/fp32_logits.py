@@ -60,3 +60,10 @@ def use_fp32_lm_head(model: torch.nn.Module) -> bool:
         head.forward = lambda hidden: fp32_output_linear(hidden, head.weight)
         head._megatron_rl_fp32_logits = True
     return bool(head.__dict__.get("_megatron_rl_fp32_logits"))
+
+
+def plain_lm_head(model: torch.nn.Module) -> None:
+    """Undo `use_fp32_lm_head` (the output embedding returns its own dtype again)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and head.__dict__.pop("_megatron_rl_fp32_logits", False):
+        head.__dict__.pop("forward", None)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from megatron_rl.actor.logprobs import _output_logits
 from megatron_rl.config import RLConfig, validate
-from megatron_rl.models.fp32_logits import fp32_output_linear, use_fp32_lm_head
+from megatron_rl.models.fp32_logits import fp32_output_linear, plain_lm_head, use_fp32_lm_head
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0] + "/tests/rollout")
 from rollout_helpers import TINY  # noqa: E402
@@ -91,6 +91,8 @@ def test_engine_model_returns_fp32_logits_that_follow_weight_updates():
         assert torch.equal(logits, F.linear(hidden.float(), model.lm_head.weight.float()))
         model.lm_head.weight.mul_(2)    # weight updates copy into the same parameter
         assert torch.equal(model(ids).logits, F.linear(hidden.float(), model.lm_head.weight.float()))
+        plain_lm_head(model)
+        assert model(ids).logits.dtype == torch.bfloat16
     assert "lm_head.weight" in dict(model.named_parameters())
 
 
