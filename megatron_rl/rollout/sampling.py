@@ -178,18 +178,40 @@ def seed_tensor(seeds: list[int], device) -> torch.Tensor:
     return torch.tensor([s - (1 << 64) if s >= (1 << 63) else s for s in seeds], dtype=torch.int64, device=device)
 
 
+#: tokens per block of `draw`'s two-level search
+DRAW_BLOCK = 1024
+
+
 def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of unnormalised ``weights`` [B, V] by inverse-CDF sampling with the row's uniform
-    (``request_uniforms``); the search over the cumulative weights runs for the whole batch at once.
-    Zero-weight tokens are never drawn."""
+    (``request_uniforms``), for the whole batch at once. Zero-weight tokens are never drawn.
+
+    The search runs in two levels: first the block of `DRAW_BLOCK` tokens where the row's target falls (cumulative
+    block sums), then the token inside that block (the block's own cumulative sum). That is the token a cumulative
+    sum over the whole row finds, in fp64 throughout, while scanning ~V/1024 + 1024 values per row instead of V: a
+    whole-row fp64 scan of a 152k vocabulary took 0.29 ms of a 64-row decode step on an H100 (more than any kernel
+    but the GEMMs and attention), and scales with the rows."""
     # fp64: in fp32, tokens below half an ulp of the running sum (~1e-8 near the end of a 152k
     # vocabulary) would never be drawn and their neighbours drawn at the wrong rate
-    cdf = weights.double().cumsum(dim=-1)
-    target = (uniforms.to(device=cdf.device, dtype=cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
+    rows, vocab = weights.shape
+    full = vocab // DRAW_BLOCK
+    sums = []
+    if full:
+        sums.append(weights[:, :full * DRAW_BLOCK].reshape(rows, full, DRAW_BLOCK).sum(-1, dtype=torch.float64))
+    if vocab % DRAW_BLOCK:
+        sums.append(weights[:, full * DRAW_BLOCK:].sum(-1, keepdim=True, dtype=torch.float64))
+    block_sums = torch.cat(sums, dim=-1) if len(sums) > 1 else sums[0]
+    block_cdf = block_sums.cumsum(dim=-1)
+    target = (uniforms.to(device=weights.device, dtype=torch.float64) * block_cdf[:, -1]).unsqueeze(-1)
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_sums.shape[-1] - 1)   # [B, 1]
+    before = (block_cdf - block_sums).gather(-1, block)      # the mass of the blocks before it
+    cols = block * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=weights.device)
+    inside = weights.gather(-1, cols.clamp(max=vocab - 1)).double().masked_fill_(cols >= vocab, 0.0)
+    idx = torch.searchsorted(inside.cumsum(dim=-1), target - before, right=True).clamp_(max=DRAW_BLOCK - 1)
+    token = (block * DRAW_BLOCK + idx).clamp_(max=vocab - 1)
     # rounding can land the last index on a zero-weight tail token: take the row's top token instead
-    bad = weights.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
-    return torch.where(bad, weights.argmax(dim=-1), idx)
+    bad = weights.gather(-1, token) <= 0
+    return torch.where(bad, weights.argmax(dim=-1, keepdim=True), token).squeeze(-1)
 
 
 def unfiltered(p: RequestSampling) -> bool:

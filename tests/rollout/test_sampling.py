@@ -83,3 +83,37 @@ def test_an_unfiltered_request_draws_the_same_whatever_filtered_request_shares_i
         mixed, _ = sample(logits, [plain, nucleus], u)
         assert alone[0] == mixed[0]
         assert sample(logits[:1], [no_top_k], u[:1])[0][0] == alone[0]
+
+
+def _whole_row_draw(weights, uniforms):
+    """The search `draw` replaced: one fp64 cumulative sum over the whole row."""
+    cdf = weights.double().cumsum(dim=-1)
+    target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
+    bad = weights.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
+    return torch.where(bad, weights.argmax(dim=-1), idx)
+
+
+def test_two_level_draw_finds_the_whole_row_searchs_token():
+    from megatron_rl.rollout.sampling import DRAW_BLOCK
+
+    g = torch.Generator().manual_seed(0)
+    # below one block, a multiple of it, and a tail block (152k-like); peaked and flat rows; zeroed stretches,
+    # including whole blocks and the tail
+    for vocab in (7, DRAW_BLOCK, 3 * DRAW_BLOCK, 5 * DRAW_BLOCK + 389):
+        rows = 600
+        logits = torch.randn(rows, vocab, generator=g) * torch.linspace(0.1, 12, rows).unsqueeze(-1)
+        weights = logits.softmax(-1)
+        weights[::3, vocab // 3: vocab // 3 + DRAW_BLOCK + 5] = 0.0
+        tail = vocab % DRAW_BLOCK if vocab > DRAW_BLOCK else 0
+        weights[1::5, -(tail or 3):] = 0.0
+        uniforms = _gens(range(rows), step=vocab)
+        tokens = draw(weights, uniforms)
+        assert torch.equal(tokens, _whole_row_draw(weights, uniforms)), vocab
+        assert (weights.gather(-1, tokens[:, None]) > 0).all()
+    # the edges of the unit interval
+    weights = torch.rand(2, 5 * DRAW_BLOCK + 3, generator=g)
+    weights[:, -1] = 0.0
+    for u in (0.0, 1.0 - 2 ** -53):
+        uniforms = torch.full((2,), u, dtype=torch.float64)
+        assert torch.equal(draw(weights, uniforms), _whole_row_draw(weights, uniforms))
