@@ -460,9 +460,10 @@ def validate(cfg: RLConfig) -> None:
          f"rollout.engine_dtype must be float32|bfloat16|float16, got {r.engine_dtype!r}")
     need(not (r.use_router and r.engine != "sglang"), "rollout.use_router needs rollout.engine=sglang")
     fp32_head = {k: v for k, v in r.sglang.items() if k.replace("-", "_") == "enable_fp32_lm_head"}
-    need(all(bool(v) == bool(a.fp32_lm_head) for v in fp32_head.values()),
+    need(all(isinstance(v, bool) and v == a.fp32_lm_head for v in fp32_head.values()),
          f"rollout.sglang sets {fp32_head} but actor.fp32_lm_head={a.fp32_lm_head}: the engines get the actor's "
          f"setting (both sides must round logits alike); set actor.fp32_lm_head instead")
+    need(isinstance(a.fp32_lm_head, bool), f"actor.fp32_lm_head must be true or false, got {a.fp32_lm_head!r}")
     try:  # the farm's own checks (FarmConfig.validate)
         cfg.farm.validate()
     except ValueError as e:

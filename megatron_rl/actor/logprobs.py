@@ -108,7 +108,10 @@ def _plain_output_layer(output_layer):
 def _output_logits(hidden: Tensor, weight: Tensor | None, output_layer, fp32: bool) -> Tensor:
     """This rank's vocab shard of the logits of [c, 1, h] hidden rows, as the output layer computes them, or with
     ``fp32`` the same GEMM's fp32 result (the layer has no bias; its input enters the TP region as it does)."""
-    if not fp32 or getattr(output_layer, "bias", None) is not None:
+    # megatron features that change how the output layer computes or holds its weight gradient: left to the layer
+    own_forward = (getattr(output_layer, "bias", None) is not None
+                   or getattr(output_layer, "defer_embedding_wgrad_compute", False))
+    if not fp32 or own_forward:
         with _plain_output_layer(output_layer):
             logits, _ = output_layer(hidden, weight=weight, runtime_gather_output=False)
         return logits

@@ -13,6 +13,8 @@ incoming gradient to the inputs' dtype, as the plain bf16 path (bf16 logits, the
 """
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -49,15 +51,20 @@ def fp32_output_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _Fp32OutputLinear.apply(x, weight)
 
 
+def _fp32_head_forward(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    return fp32_output_linear(hidden, head.weight)
+
+
 def use_fp32_lm_head(model: torch.nn.Module) -> bool:
     """Make a transformers causal LM's output embedding return fp32 logits (the weight stays the same parameter, so
     weight updates and CUDA graphs that read it are unaffected). False when the model has no plain bias-free
-    linear output embedding (nothing changed)."""
+    linear output embedding, or its forward is already replaced by someone else (an accelerate hook; nothing
+    changed)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return False
-    if "forward" not in head.__dict__:
-        head.forward = lambda hidden: fp32_output_linear(hidden, head.weight)
+    if "forward" not in head.__dict__:   # bound to the module, so a copy of the model reads its own weight
+        head.forward = types.MethodType(_fp32_head_forward, head)
         head._megatron_rl_fp32_logits = True
     return bool(head.__dict__.get("_megatron_rl_fp32_logits"))
 

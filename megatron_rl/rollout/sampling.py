@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 SAMPLING_EPS = 1e-6
 TOP_K_ALL = 1 << 30             # top_k above the vocabulary means no top-k (SGLang's constant)
@@ -187,10 +188,11 @@ def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     (``request_uniforms``), for the whole batch at once. Zero-weight tokens are never drawn.
 
     The search runs in two levels: first the block of `DRAW_BLOCK` tokens where the row's target falls (cumulative
-    block sums), then the token inside that block (the block's own cumulative sum). That is the token a cumulative
-    sum over the whole row finds, in fp64 throughout, while scanning ~V/1024 + 1024 values per row instead of V: a
-    whole-row fp64 scan of a 152k vocabulary took 0.29 ms of a 64-row decode step on an H100 (more than any kernel
-    but the GEMMs and attention), and scales with the rows."""
+    block sums), then the token inside that block (the block's own cumulative sum), in fp64 throughout, scanning
+    ~V/1024 + 1024 values per row instead of V: a whole-row fp64 scan of a 152k vocabulary took 0.29 ms of a
+    64-row decode step on an H100 (more than any kernel but the GEMMs and attention), and scales with the rows.
+    The token is the one a whole-row fp64 cumulative sum finds, except for targets within a few ulp of a token
+    boundary, where sums taken in another order may pick the neighbour (as a parallel scan on a GPU may too)."""
     # fp64: in fp32, tokens below half an ulp of the running sum (~1e-8 near the end of a 152k
     # vocabulary) would never be drawn and their neighbours drawn at the wrong rate
     rows, vocab = weights.shape
@@ -204,10 +206,14 @@ def draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     block_cdf = block_sums.cumsum(dim=-1)
     target = (uniforms.to(device=weights.device, dtype=torch.float64) * block_cdf[:, -1]).unsqueeze(-1)
     block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_sums.shape[-1] - 1)   # [B, 1]
-    before = (block_cdf - block_sums).gather(-1, block)      # the mass of the blocks before it
+    before = F.pad(block_cdf[:, :-1], (1, 0)).gather(-1, block)      # the mass of the blocks before it, as searched
     cols = block * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=weights.device)
-    inside = weights.gather(-1, cols.clamp(max=vocab - 1)).double().masked_fill_(cols >= vocab, 0.0)
-    idx = torch.searchsorted(inside.cumsum(dim=-1), target - before, right=True).clamp_(max=DRAW_BLOCK - 1)
+    inside = weights.gather(-1, cols.clamp(max=vocab - 1)).double().masked_fill_(cols >= vocab, 0.0).cumsum(dim=-1)
+    # the block's sum and its own cumulative sum round differently: keep the remainder inside [0, the block's last
+    # cumulative value), so that it lands on a token of the block that has weight, never past it
+    last = inside[:, -1:]
+    rest = torch.minimum((target - before).clamp_(min=0.0), torch.nextafter(last, torch.zeros_like(last)))
+    idx = torch.searchsorted(inside, rest, right=True).clamp_(max=DRAW_BLOCK - 1)
     token = (block * DRAW_BLOCK + idx).clamp_(max=vocab - 1)
     # rounding can land the last index on a zero-weight tail token: take the row's top token instead
     bad = weights.gather(-1, token) <= 0

@@ -91,6 +91,9 @@ def test_engine_model_returns_fp32_logits_that_follow_weight_updates():
         assert torch.equal(logits, F.linear(hidden.float(), model.lm_head.weight.float()))
         model.lm_head.weight.mul_(2)    # weight updates copy into the same parameter
         assert torch.equal(model(ids).logits, F.linear(hidden.float(), model.lm_head.weight.float()))
+        copy = __import__("copy").deepcopy(model)      # a copy's head reads the copy's weight
+        copy.lm_head.weight.zero_()
+        assert torch.equal(copy(ids).logits, torch.zeros_like(logits))
         plain_lm_head(model)
         assert model(ids).logits.dtype == torch.bfloat16
     assert "lm_head.weight" in dict(model.named_parameters())
@@ -130,8 +133,22 @@ def test_config_refuses_an_engine_setting_that_differs_from_the_actors():
     cfg.rollout.sglang = {"enable-fp32-lm-head": False}
     with pytest.raises(ValueError, match="actor.fp32_lm_head"):
         validate(cfg)
+    cfg.rollout.sglang = {"enable_fp32_lm_head": "false"}   # would reach SGLang as a flag with a value
+    with pytest.raises(ValueError, match="actor.fp32_lm_head"):
+        validate(cfg)
     cfg.rollout.sglang = {"enable_fp32_lm_head": True}
     validate(cfg)
+
+
+def test_the_trainer_starts_its_engines_with_the_actors_setting():
+    from megatron_rl.cluster.rollout_manager import RolloutManager
+
+    for fp32 in (True, False):
+        cfg = RLConfig()
+        cfg.actor.fp32_lm_head = fp32
+        manager = RolloutManager.__new__(RolloutManager)   # only the config is read
+        manager.cfg = cfg
+        assert manager._numerics_args() == ({"enable_fp32_lm_head": True} if fp32 else {})
 
 
 def test_embedded_server_takes_sglangs_flag():

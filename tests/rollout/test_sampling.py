@@ -117,3 +117,39 @@ def test_two_level_draw_finds_the_whole_row_searchs_token():
     for u in (0.0, 1.0 - 2 ** -53):
         uniforms = torch.full((2,), u, dtype=torch.float64)
         assert torch.equal(draw(weights, uniforms), _whole_row_draw(weights, uniforms))
+
+
+def test_draw_at_block_boundaries_stays_on_a_weighted_token_next_to_the_target():
+    """Targets within a few ulp of a block's end, with zero-weight tokens around it: the token drawn has weight and
+    its stretch of the CDF holds the target (the whole-row search's token, or a neighbour within rounding), never
+    the row's argmax fallback."""
+    import math
+
+    from megatron_rl.rollout.sampling import DRAW_BLOCK
+
+    g = torch.Generator().manual_seed(1)
+    vocab = 4 * DRAW_BLOCK + 77
+    for _ in range(20):
+        w = torch.rand(1, vocab, generator=g) ** 8
+        for b in range(1, vocab // DRAW_BLOCK + 1):
+            w[0, b * DRAW_BLOCK - 3: b * DRAW_BLOCK + 3] = 0.0
+        cdf = w.double().cumsum(-1)[0]
+        total = cdf[-1].item()
+        us = []
+        for b in range(1, vocab // DRAW_BLOCK + 1):
+            for k in range(-4, 5):
+                t = cdf[b * DRAW_BLOCK - 1].item()
+                for _ in range(abs(k)):
+                    t = math.nextafter(t, math.inf if k > 0 else -math.inf)
+                us.append(t / total)
+        uniforms = torch.tensor(us, dtype=torch.float64)
+        weights = w.expand(len(us), vocab)
+        tokens, ref = draw(weights, uniforms), _whole_row_draw(weights, uniforms)
+        assert (weights.gather(-1, tokens[:, None]) > 0).all()
+        # the token's stretch of the whole-row CDF holds the target, up to a few ulp of the row's total (the old
+        # fallback landed on the argmax, thousands of tokens away)
+        target = uniforms * total
+        lo = torch.where(tokens > 0, cdf[(tokens - 1).clamp(min=0)], torch.zeros_like(target))
+        slack = 16 * math.ulp(total)
+        assert ((lo - slack <= target) & (target <= cdf[tokens] + slack)).all()
+        assert (tokens == ref).double().mean() > 0.5
