@@ -1,4 +1,5 @@
 """The embedded engine's sampler: right distribution, filters respected, per-request reproducibility."""
+import pytest
 import torch
 
 from megatron_rl.rollout.sampling import RequestSampling, draw, request_uniforms, sample, seed_tensor
@@ -153,3 +154,31 @@ def test_draw_at_block_boundaries_stays_on_a_weighted_token_next_to_the_target()
         slack = 16 * math.ulp(total)
         assert ((lo - slack <= target) & (target <= cdf[tokens] + slack)).all()
         assert (tokens == ref).double().mean() > 0.5
+
+
+@pytest.mark.gpu
+def test_draw_on_cuda_inside_a_cuda_graph_matches_the_whole_row_search():
+    """The two-level search as the slot decoder runs it: captured once in a CUDA graph, replayed on new weights."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(0)
+    rows, vocab = 64, 151936
+    weights = torch.empty(rows, vocab, device="cuda")
+    uniforms = torch.empty(rows, dtype=torch.float64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        weights.copy_(torch.randn(rows, vocab, generator=g).softmax(-1))
+        uniforms.copy_(_gens(range(rows)))
+        draw(weights, uniforms)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = draw(weights, uniforms)
+    for step in range(3):
+        logits = torch.randn(rows, vocab, generator=g) * (1 + 4 * step)
+        weights.copy_(logits.softmax(-1))
+        uniforms.copy_(_gens(range(rows), step=step))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), _whole_row_draw(weights.cpu(), uniforms.cpu()))
