@@ -67,14 +67,19 @@ def write_checkpoint(path: str, arch: str, layers: int, lm_head_scale: float = 1
     return path
 
 
+def _load_hf(path: str, dtype, device: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
 def decode_vs_prefill(path: str, samples: int, max_new: int, seed: int = 0) -> dict:
     """Logprobs of sampled tokens from transformers' cached decode against one full forward of the same
     sequences (both bf16, same weights): the decode path's own share of a train-vs-engine mismatch."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    model = _load_hf(path, torch.bfloat16, device)
     vocab = model.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(1, vocab, (1, 8), generator=g).repeat(samples, 1).to(device)
@@ -97,7 +102,6 @@ def decode_vs_prefill(path: str, samples: int, max_new: int, seed: int = 0) -> d
 def reference_errors(path: str, sequences: list[dict]) -> dict:
     """Each side's mean/max abs distance, on the sampled tokens, from an fp32 full forward of the same checkpoint."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from megatron_rl.models.fp32_logits import fp32_output_linear
 
@@ -115,13 +119,10 @@ def reference_errors(path: str, sequences: list[dict]) -> dict:
                 out.append(logits.log_softmax(-1).gather(-1, new[:, None])[:, 0].double().cpu())
         return out
 
-    def load(dtype):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-
-    model = load(torch.float32)
+    model = _load_hf(path, torch.float32, device)
     ref = score(model, logits_fp32=True)
     del model
-    model = load(torch.bfloat16)
+    model = _load_hf(path, torch.bfloat16, device)
     hf_bf16 = score(model, logits_fp32=False)
     hf_bf16_fp32_logits = score(model, logits_fp32=True)
     del model

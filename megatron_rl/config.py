@@ -459,11 +459,11 @@ def validate(cfg: RLConfig) -> None:
     need(r.engine_dtype in ("float32", "bfloat16", "float16"),
          f"rollout.engine_dtype must be float32|bfloat16|float16, got {r.engine_dtype!r}")
     need(not (r.use_router and r.engine != "sglang"), "rollout.use_router needs rollout.engine=sglang")
+    need(isinstance(a.fp32_lm_head, bool), f"actor.fp32_lm_head must be true or false, got {a.fp32_lm_head!r}")
     fp32_head = {k: v for k, v in r.sglang.items() if k.replace("-", "_") == "enable_fp32_lm_head"}
     need(all(isinstance(v, bool) and v == a.fp32_lm_head for v in fp32_head.values()),
          f"rollout.sglang sets {fp32_head} but actor.fp32_lm_head={a.fp32_lm_head}: the engines get the actor's "
          f"setting (both sides must round logits alike); set actor.fp32_lm_head instead")
-    need(isinstance(a.fp32_lm_head, bool), f"actor.fp32_lm_head must be true or false, got {a.fp32_lm_head!r}")
     try:  # the farm's own checks (FarmConfig.validate)
         cfg.farm.validate()
     except ValueError as e:

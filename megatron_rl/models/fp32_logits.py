@@ -55,12 +55,16 @@ def _fp32_head_forward(head: torch.nn.Linear, hidden: torch.Tensor) -> torch.Ten
     return fp32_output_linear(hidden, head.weight)
 
 
+def _output_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
+    return model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+
 def use_fp32_lm_head(model: torch.nn.Module) -> bool:
     """Make a transformers causal LM's output embedding return fp32 logits (the weight stays the same parameter, so
     weight updates and CUDA graphs that read it are unaffected). False when the model has no plain bias-free
     linear output embedding, or its forward is already replaced by someone else (an accelerate hook; nothing
     changed)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _output_embedding(model)
     if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return False
     if "forward" not in head.__dict__:   # bound to the module, so a copy of the model reads its own weight
@@ -71,6 +75,6 @@ def use_fp32_lm_head(model: torch.nn.Module) -> bool:
 
 def plain_lm_head(model: torch.nn.Module) -> None:
     """Undo `use_fp32_lm_head` (the output embedding returns its own dtype again)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = _output_embedding(model)
     if head is not None and head.__dict__.pop("_megatron_rl_fp32_logits", False):
         head.__dict__.pop("forward", None)

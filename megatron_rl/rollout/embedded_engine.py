@@ -221,7 +221,8 @@ class EmbeddedEngine:
         self._seed_rng = torch.Generator().manual_seed(self.config.seed) if self.config.seed is not None else None
         use_decode_attention(model)
         if self.config.fp32_lm_head and not use_fp32_lm_head(model):
-            raise ValueError("fp32_lm_head: this model's output embedding is not a bias-free linear layer")
+            raise ValueError("fp32_lm_head: this model's output embedding is not a bias-free linear layer running its "
+                             "own forward (a bias, another module type, or a forward replaced by a hook)")
         why_not = supports_slots(model)
         if self.config.decode == "slots" and why_not:
             raise ValueError(f"decode='slots' cannot serve this model: {why_not}")
